@@ -1,0 +1,44 @@
+# The two commands a newcomer needs: `make demo` and `make test`. Each creates or updates the local
+# virtual environment first (idempotent: the stamp file is rebuilt only when the requirements change).
+SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.workbench-installed
+
+# Two CPU cores: torch's default OpenMP spinning makes runs 10-15x slower next to any other process.
+export OMP_WAIT_POLICY ?= PASSIVE
+export HF_HUB_OFFLINE ?= 1
+export TRANSFORMERS_NO_ADVISORY_WARNINGS ?= 1
+
+.PHONY: venv demo test lint format bench lab clean-cache
+
+$(STAMP): pyproject.toml requirements-nodeps.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet --no-deps -r requirements-nodeps.txt
+	$(PY) -m ipykernel install --sys-prefix --name hacpo-workbench --display-name "HACPO workbench" >/dev/null
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m workbench demo
+
+test: $(STAMP)
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest
+
+lint format: $(STAMP)
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+bench: $(STAMP)
+	$(PY) bench/run_all.py
+
+lab: $(STAMP)
+	$(VENV)/bin/jupyter lab --no-browser --allow-root --ip=127.0.0.1 notebooks/
+
+clean-cache:
+	rm -rf $${HACPO_CACHE:-$$HOME/.cache/hacpo-workbench}
