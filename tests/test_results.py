@@ -1,0 +1,280 @@
+"""Run directories, RunWriter and the loaders (workbench.results)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import threading
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import yaml
+
+from workbench import results
+from workbench.results import RunWriter, config_hash, create_run_dir, find_run
+
+AGENTS = ("char-gpt2", "bpe-llama")
+
+
+def _cfg(algorithm: str = "hacpo", seed: int = 0, experiment: str = "exp") -> dict:
+    return {
+        "experiment": experiment,
+        "algorithm": algorithm,
+        "seed": seed,
+        "agents": [{"name": a, "lr": 1e-4} for a in AGENTS],
+        "hacpo": {"alpha": 1.0, "delta": (0.8, 1.0), "window": 4},
+    }
+
+
+def _write_run(root: Path, algorithm: str, seed: int, steps: int = 4) -> Path:
+    """A small run as the trainer writes it: evals at steps 0 and 2, logged in a separate call."""
+    run_dir = create_run_dir(root, "exp")
+    w = RunWriter(run_dir)
+    w.write_config(_cfg(algorithm, seed))
+    w.write_environment()
+    for step in range(steps):
+        if step % 2 == 0:
+            w.log_metrics(step, {f"eval/acc/{a}": 0.1 * step + i + seed for i, a in enumerate(AGENTS)})
+            w.append_evals(
+                step, [{"agent": a, "benchmark": "arith", "metric": "avg@4", "value": 0.5} for a in AGENTS]
+            )
+        if step == 0:
+            continue  # the initial evaluation is step 0, before any update
+        metrics = {f"train/acc/{a}": step / 10 for a in AGENTS}
+        metrics[f"omega/{AGENTS[0]}/{AGENTS[1]}"] = np.float64(0.5 * step)
+        metrics[f"is/{AGENTS[0]}/{AGENTS[1]}/ratio_mean"] = torch.tensor(0.9)
+        metrics[f"is/{AGENTS[0]}/{AGENTS[0]}/clip_frac"] = 0.0
+        metrics[f"cost/{AGENTS[1]}/generated_tokens"] = 100 * step
+        metrics["time/step_s"] = 1.5
+        w.log_metrics(step, metrics)
+        w.write_samples(step, [{"prompt": "1+1", "text": "2", "author": 0, "ratio": torch.tensor(1.0)}])
+    return run_dir
+
+
+# ---------------------------------------------------------------- run directories
+
+
+def test_create_run_dir_default_and_explicit(tmp_path):
+    run_dir = create_run_dir(tmp_path, "exp")
+    assert run_dir.parent == tmp_path / "exp" and run_dir.is_dir()
+    assert re.fullmatch(r"\d{8}T\d{6}Z-[0-9a-f]{4}", run_dir.name)
+    assert create_run_dir(tmp_path, "exp", run_id="seed0") == tmp_path / "exp" / "seed0"
+    with pytest.raises(FileExistsError, match=r"seed0.*resume"):
+        create_run_dir(tmp_path, "exp", run_id="seed0")
+    with pytest.raises(ValueError, match=re.escape("experiment='../x'")):
+        create_run_dir(tmp_path, "../x")
+
+
+def test_create_run_dir_retries_on_identical_name(tmp_path, monkeypatch):
+    monkeypatch.setattr(results, "_utc_stamp", lambda: "20260101T000000Z")
+    suffixes = iter(["abcd", "abcd", "abcd", "ef01"])
+    monkeypatch.setattr(results.secrets, "token_hex", lambda n: next(suffixes))
+    first = create_run_dir(tmp_path, "exp")
+    second = create_run_dir(tmp_path, "exp")
+    assert first.name == "20260101T000000Z-abcd"
+    assert second.name == "20260101T000000Z-ef01"
+
+
+def test_concurrent_create_run_dir_never_shares(tmp_path, monkeypatch):
+    monkeypatch.setattr(results, "_utc_stamp", lambda: "20260101T000000Z")
+    got: list[Path] = []
+    lock = threading.Lock()
+
+    def make() -> None:
+        for _ in range(10):
+            path = create_run_dir(tmp_path, "exp")
+            with lock:
+                got.append(path)
+
+    threads = [threading.Thread(target=make) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(got) == 80 and len(set(got)) == 80
+
+
+def test_config_hash_is_stable_and_survives_yaml(tmp_path):
+    cfg = _cfg()
+    reordered = dict(reversed(list(cfg.items())))
+    assert config_hash(cfg) == config_hash(reordered)
+    assert config_hash(cfg) != config_hash(_cfg(seed=1))
+    run_dir = create_run_dir(tmp_path, "exp")
+    RunWriter(run_dir).write_config(cfg)  # tuple -> list on the way through YAML
+    assert config_hash(yaml.safe_load((run_dir / "config.yaml").read_text())) == config_hash(cfg)
+
+
+def test_find_run_returns_newest_matching(tmp_path):
+    dirs = []
+    for seed in (0, 0, 1):
+        run_dir = create_run_dir(tmp_path, "exp")
+        RunWriter(run_dir).write_config(_cfg(seed=seed))
+        dirs.append(run_dir)
+    os.utime(dirs[0] / "config.yaml", (2e9, 2e9))  # the first one is the newest
+    assert find_run(tmp_path, "exp", config_hash(_cfg(seed=0))) == dirs[0]
+    assert find_run(tmp_path, "exp", config_hash(_cfg(seed=1))) == dirs[2]
+    assert find_run(tmp_path, "exp", config_hash(_cfg(seed=2))) is None
+    assert find_run(tmp_path, "other", config_hash(_cfg())) is None
+
+
+# ---------------------------------------------------------------- RunWriter
+
+
+def test_config_must_come_first_and_cannot_change(tmp_path):
+    w = RunWriter(create_run_dir(tmp_path, "exp"))
+    with pytest.raises(RuntimeError, match="write_config"):
+        w.log_metrics(0, {"a/b": 1.0})
+    w.write_config(_cfg())
+    w.write_config(_cfg())  # same config again (resume): fine
+    with pytest.raises(ValueError, match=r"\['seed'\]"):
+        w.write_config(_cfg(seed=3))
+    with pytest.raises(FileNotFoundError):
+        RunWriter(tmp_path / "nope")
+
+
+def test_write_environment_records_versions_and_resumes(tmp_path):
+    w = RunWriter(create_run_dir(tmp_path, "exp"))
+    w.write_config(_cfg())
+    w.write_environment({"note": "first"})
+    env = json.loads(w.environment_path.read_text())
+    assert env["packages"]["torch"] == torch.__version__
+    assert env["python"].startswith("3.") and env["device"] == "cpu" and env["note"] == "first"
+    assert "git_commit" in env and "start_time" in env
+    w.write_environment({"note": "resumed"})
+    env = json.loads(w.environment_path.read_text())
+    assert env["note"] == "first" and [r["note"] for r in env["resumes"]] == ["resumed"]
+
+
+def test_log_metrics_converts_and_validates(tmp_path):
+    w = RunWriter(create_run_dir(tmp_path, "exp"))
+    w.write_config(_cfg())
+    w.log_metrics(1, {"a/x": np.float32(0.5), "a/y": torch.tensor(2), "a/z": True, "a/n": math.nan})
+    line = w.metrics_path.read_text().strip()
+    row = json.loads(line)
+    assert row["step"] == 1 and row["a/x"] == 0.5 and row["a/y"] == 2.0 and row["a/z"] == 1.0
+    assert math.isnan(row["a/n"])
+    with pytest.raises(TypeError, match="metric keys must be str"):
+        w.log_metrics(2, {3: 1.0})
+    with pytest.raises(TypeError, match="a/v"):
+        w.log_metrics(2, {"a/v": [1.0, 2.0]})
+    with pytest.raises(ValueError, match="reserved"):
+        w.log_metrics(2, {"step": 2})
+    with pytest.raises(ValueError, match="rollback_to"):
+        RunWriter(w.run_dir).log_metrics(0, {"a/x": 1.0})  # a fresh writer reads the last step back
+    assert len(w.metrics_path.read_text().splitlines()) == 1
+
+
+def test_append_evals_validates_rows(tmp_path):
+    w = RunWriter(create_run_dir(tmp_path, "exp"))
+    w.write_config(_cfg())
+    with pytest.raises(ValueError, match=r"row 0 lacks \['value'\]"):
+        w.append_evals(0, [{"agent": "a", "benchmark": "b", "metric": "greedy_acc"}])
+    with pytest.raises(ValueError, match="metric='avg@0'"):
+        w.append_evals(0, [{"agent": "a", "benchmark": "b", "metric": "avg@0", "value": 1}])
+    with pytest.raises(ValueError, match="step=3"):
+        w.append_evals(2, [{"step": 3, "agent": "a", "benchmark": "b", "metric": "pass@8", "value": 1}])
+    assert not w.evals_path.exists()
+
+
+def test_mark_done_and_rollback(tmp_path):
+    run_dir = _write_run(tmp_path, "hacpo", 0, steps=6)
+    w = RunWriter(run_dir)
+    w.mark_done({"steps": 6})
+    assert w.is_done and json.loads(w.done_path.read_text())["steps"] == 6
+    dropped = w.rollback_to(2)
+    assert dropped == {"metrics": 4, "evals": 2, "samples": 3}  # lines 3, 4 (x2), 5; evals of step 4
+    assert not w.is_done
+    df = results.load_runs([run_dir])
+    assert df["step"].tolist() == [0, 1, 2]
+    assert sorted(p.name for p in w.samples_dir.iterdir()) == ["step_000001.jsonl", "step_000002.jsonl"]
+    assert set(results.load_evals([run_dir])["step"]) == {0, 2}
+    w.log_metrics(3, {"train/acc/char-gpt2": 0.9})  # logging resumes after the rollback
+    assert results.load_runs([run_dir])["step"].tolist() == [0, 1, 2, 3]
+
+
+def test_samples_file(tmp_path):
+    run_dir = _write_run(tmp_path, "hacpo", 0, steps=2)
+    rows = [json.loads(x) for x in (run_dir / "samples" / "step_000001.jsonl").read_text().splitlines()]
+    assert rows == [{"prompt": "1+1", "text": "2", "author": 0, "ratio": 1.0}]
+
+
+# ---------------------------------------------------------------- loaders
+
+
+@pytest.fixture
+def two_runs(tmp_path) -> tuple[Path, Path, Path]:
+    return tmp_path, _write_run(tmp_path, "hacpo", 0), _write_run(tmp_path, "gspo", 1)
+
+
+def test_load_runs_wide(two_runs):
+    root, hacpo_dir, gspo_dir = two_runs
+    df = results.load_runs([hacpo_dir, gspo_dir])
+    assert list(df.columns[:6]) == ["run", "experiment", "algorithm", "seed", "run_dir", "step"]
+    assert len(df) == 8 and df["step"].dtype == "int64"
+    assert df.groupby("run")["step"].apply(list).tolist() == [[0, 1, 2, 3]] * 2
+    assert set(df["algorithm"]) == {"hacpo", "gspo"} and set(df["experiment"]) == {"exp"}
+    hacpo = df[df["algorithm"] == "hacpo"].set_index("step")
+    # step 2 was logged in two calls (eval, then train): both merged into one row
+    assert hacpo.loc[2, "eval/acc/bpe-llama"] == pytest.approx(1.2)
+    assert hacpo.loc[2, "train/acc/bpe-llama"] == pytest.approx(0.2)
+    assert math.isnan(hacpo.loc[1, "eval/acc/bpe-llama"]) and math.isnan(hacpo.loc[0, "time/step_s"])
+    assert hacpo.loc[3, "cost/bpe-llama/generated_tokens"] == 300.0
+    assert df.equals(results.load_runs(root))  # a directory of runs is searched recursively
+
+
+def test_load_runs_edge_cases(tmp_path):
+    run_dir = create_run_dir(tmp_path, "exp")
+    RunWriter(run_dir).write_config(_cfg())
+    empty = results.load_runs([run_dir])
+    assert len(empty) == 0 and {"run", "step"} <= set(empty.columns)
+    with pytest.raises(FileNotFoundError, match="missing-dir"):
+        results.load_runs([tmp_path / "missing-dir"])
+    assert len(results.load_evals(run_dir)) == 0
+
+
+def test_load_evals(two_runs):
+    root, *_ = two_runs
+    ev = results.load_evals(root)
+    assert list(ev.columns) == [*results.ID_COLUMNS, *results.EVAL_COLUMNS]
+    assert len(ev) == 8 and set(ev["metric"]) == {"avg@4"} and (ev["value"] == 0.5).all()
+
+
+@pytest.mark.parametrize(
+    ("prefix", "named", "n_rows"),
+    [
+        ("eval/acc", ["agent"], 2 * 2 * 2),
+        ("omega", ["learner", "source"], 2 * 3),
+        ("is", ["learner", "source", "stat"], 2 * 3 * 2),
+        ("is/char-gpt2", ["source", "stat"], 2 * 3 * 2),
+        ("cost", ["agent", "stat"], 2 * 3),
+        ("time", ["key"], 2 * 3),
+        ("train/acc/", ["agent"], 2 * 3 * 2),
+    ],
+)
+def test_melt_metric(two_runs, prefix, named, n_rows):
+    _, hacpo_dir, gspo_dir = two_runs
+    long = results.melt_metric(results.load_runs([hacpo_dir, gspo_dir]), prefix)
+    assert list(long.columns) == [*results.ID_COLUMNS, "step", *named, "value"]
+    assert len(long) == n_rows and long["value"].notna().all()
+
+
+def test_melt_metric_values_and_errors(two_runs):
+    _, hacpo_dir, _ = two_runs
+    df = results.load_runs([hacpo_dir])
+    ratio = results.melt_metric(df, "is")
+    row = ratio[(ratio["step"] == 3) & (ratio["stat"] == "ratio_mean")].iloc[0]
+    assert (row["learner"], row["source"], row["value"]) == ("char-gpt2", "bpe-llama", pytest.approx(0.9))
+    acc = results.melt_metric(df, "eval/acc")
+    assert acc.set_index(["step", "agent"]).loc[(2, "char-gpt2"), "value"] == pytest.approx(0.2)
+    with pytest.raises(
+        ValueError,
+        match=r"under 'nope'; families present: \['cost', 'eval', 'is', 'omega', 'time', 'train'\]",
+    ):
+        results.melt_metric(df, "nope")
+    mixed = pd.DataFrame({"step": [0], "is/a/b/c": [1.0], "is/a/b": [2.0]})
+    assert list(results.melt_metric(mixed, "is").columns) == ["step", "key", "value"]
