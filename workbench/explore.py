@@ -85,10 +85,6 @@ def validate_tuning(
     for name, value, ok, allowed in checks:
         if value is not None:
             _check(ok(value), name, value, allowed)
-    if min_ratio is not None and max_ratio is not None and min_ratio > max_ratio:
-        raise ValueError(
-            f"min_ratio = {min_ratio} is above max_ratio = {max_ratio}: need min_ratio <= max_ratio"
-        )
 
 
 def default_s_grid(delta: float, n: int = 241) -> torch.Tensor:
