@@ -22,6 +22,7 @@ false`` (no Clip).
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -42,6 +43,9 @@ __all__ = [
     "load_experiment",
     "parse_overrides",
 ]
+
+
+_FLOAT_RE = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
 
 class ConfigError(ValueError):
@@ -238,6 +242,8 @@ def _check_type(where: str, value: Any, annotation: Any) -> Any:
         raise ConfigError(errors[0])
     if annotation is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if annotation is float and isinstance(value, str) and _FLOAT_RE.fullmatch(value.strip()):
+        return float(value)  # PyYAML reads "1e-4" (no dot) as a string; users write it anyway
     if annotation in (int, float, str, bool):
         if type(value) is not annotation:
             raise ConfigError(
@@ -400,10 +406,41 @@ def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str
     return data
 
 
+def _merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    """Deep-merge mappings (``update`` wins; lists are replaced, not concatenated)."""
+    out = dict(base)
+    for key, value in update.items():
+        out[key] = (
+            _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+        )
+    return out
+
+
+def _read_yaml_with_base(path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
+    """Read an experiment YAML; a ``base: other.yaml`` key (relative to the file) is merged underneath."""
+    if not path.is_file():
+        available = sorted(p.name for p in path.parent.glob("*.yaml")) if path.parent.is_dir() else []
+        raise ConfigError(f"experiment file {str(path)!r} not found; available in {path.parent}: {available}")
+    if path.resolve() in seen:
+        raise ConfigError(f"{path}: 'base' chain loops: {[str(p) for p in seen]}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: an experiment config must be a mapping, got {type(data).__name__}")
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    parent = _read_yaml_with_base(path.parent / str(base), (*seen, path.resolve()))
+    parent.pop("experiment", None)  # the derived file is its own experiment (named after the file)
+    return _merge(parent, data)
+
+
 def load_experiment(
     path: str | Path, overrides: list[str] | dict[str, Any] | None = None
 ) -> ExperimentConfig:
-    """Read an experiment YAML, apply ``--set``-style overrides, validate.
+    """Read an experiment YAML (and its ``base:`` chain), apply ``--set``-style overrides, validate.
 
     Args:
         path: YAML file (``experiments/quickstart.yaml``).
@@ -416,15 +453,8 @@ def load_experiment(
         ConfigError: the file is missing or malformed, or a key/value is invalid (the message names it).
     """
     path = Path(path)
-    if not path.is_file():
-        available = sorted(p.name for p in path.parent.glob("*.yaml")) if path.parent.is_dir() else []
-        raise ConfigError(f"experiment file {str(path)!r} not found; available in {path.parent}: {available}")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-    if isinstance(data, dict):
-        data.setdefault("experiment", path.stem)
+    data = _read_yaml_with_base(path, seen=())
+    data.setdefault("experiment", path.stem)
     try:
         return from_dict(apply_overrides(data, parse_overrides(overrides)))
     except ConfigError as exc:
