@@ -61,10 +61,12 @@ def test_overrides_and_base_chain(tmp_path):
     cfg = load_experiment(tmp_path / "child.yaml", ["train.steps=7", "agents.1.name=c"])
     assert cfg.experiment == "child" and cfg.seed == 3 and cfg.hacpo.alpha == 2.0
     assert cfg.train.steps == 7 and cfg.agent_names == ["a", "c"]
-    assert parse_overrides(["hacpo.delta_step=0", "train.lr=1e-3"]) == {
+    assert parse_overrides(["hacpo.delta_step=0", "output.run_id=r1"]) == {
         "hacpo.delta_step": 0,
-        "train.lr": 1e-3,
+        "output.run_id": "r1",
     }
+    # PyYAML reads 1e-3 (no dot) as a string; float fields accept it.
+    assert load_experiment(tmp_path / "child.yaml", ["train.lr=1e-3"]).train.lr == 1e-3
     with pytest.raises(ConfigError, match="expected key=value"):
         parse_overrides(["train.steps"])
 
