@@ -185,14 +185,17 @@ def test_mark_done_and_rollback(tmp_path):
     run_dir = _write_run(tmp_path, "hacpo", 0, steps=6)
     w = RunWriter(run_dir)
     w.mark_done({"steps": 6})
-    assert w.is_done and json.loads(w.done_path.read_text())["steps"] == 6
+    assert w.is_done() and json.loads(w.done_path.read_text())["steps"] == 6
     dropped = w.rollback_to(2)
     assert dropped == {"metrics": 4, "evals": 2, "samples": 3}  # lines 3, 4 (x2), 5; evals of step 4
-    assert not w.is_done
+    assert not w.is_done()
     df = results.load_runs([run_dir])
     assert df["step"].tolist() == [0, 1, 2]
     assert sorted(p.name for p in w.samples_dir.iterdir()) == ["step_000001.jsonl", "step_000002.jsonl"]
     assert set(results.load_evals([run_dir])["step"]) == {0, 2}
+    other = RunWriter(run_dir)  # a second writer object of the same run sees the rollback too
+    with pytest.raises(ValueError, match="last logged step 2"):
+        other.log_metrics(1, {"train/acc/char-gpt2": 0.9})
     w.log_metrics(3, {"train/acc/char-gpt2": 0.9})  # logging resumes after the rollback
     assert results.load_runs([run_dir])["step"].tolist() == [0, 1, 2, 3]
 

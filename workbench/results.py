@@ -242,7 +242,7 @@ class RunWriter:
         self.evals_path = self.run_dir / "evals.csv"
         self.samples_dir = self.run_dir / "samples"
         self.done_path = self.run_dir / "DONE"
-        self._last_step: int | None = None
+        self._last_seen: tuple[int, int] | None = None  # (last step logged, metrics.jsonl size then)
 
     def _require_config(self, what: str) -> None:
         if not self.config_path.exists():
@@ -301,12 +301,10 @@ class RunWriter:
         """
         self._require_config("log_metrics")
         _step_of(step)
-        if self._last_step is None:
-            rows = wio.read_jsonl(self.metrics_path) if self.metrics_path.exists() else []
-            self._last_step = max((int(r["step"]) for r in rows if "step" in r), default=-1)
-        if step < self._last_step:
+        last = self._last_logged_step()
+        if step < last:
             raise ValueError(
-                f"log_metrics: step {step} < last logged step {self._last_step} in {self.metrics_path}; "
+                f"log_metrics: step {step} < last logged step {last} in {self.metrics_path}; "
                 "call rollback_to(step) when resuming from a checkpoint"
             )
         row: dict[str, Any] = {"step": step}
@@ -317,7 +315,16 @@ class RunWriter:
                 raise ValueError("log_metrics: 'step' is reserved; pass it as the step argument")
             row[key] = to_float(value, key)
         wio.append_jsonl(self.metrics_path, row)
-        self._last_step = step
+        self._last_seen = (step, self.metrics_path.stat().st_size)
+
+    def _last_logged_step(self) -> int:
+        """Last step in ``metrics.jsonl`` (-1 if none); re-read only when the file changed under us
+        (another writer object, a rollback), so logging stays O(1) per step."""
+        size = self.metrics_path.stat().st_size if self.metrics_path.exists() else -1
+        if self._last_seen is None or self._last_seen[1] != size:
+            rows = wio.read_jsonl(self.metrics_path) if size >= 0 else []
+            self._last_seen = (max((int(r["step"]) for r in rows if "step" in r), default=-1), size)
+        return self._last_seen[0]
 
     def write_samples(self, step: int, rows: list[dict[str, Any]]) -> Path:
         """Write ``samples/step_{step:06d}.jsonl`` atomically (tensors/arrays become lists)."""
@@ -353,9 +360,8 @@ class RunWriter:
         doc = {**to_jsonable(summary), "finished_at": datetime.now(UTC).isoformat(timespec="seconds")}
         wio.atomic_write_json(self.done_path, doc)
 
-    @property
     def is_done(self) -> bool:
-        """True when the run finished (``DONE`` exists). A property: ``writer.is_done``, no call."""
+        """True when the run finished (``DONE`` exists)."""
         return self.done_path.exists()
 
     def rollback_to(self, step: int) -> dict[str, int]:
@@ -381,7 +387,6 @@ class RunWriter:
                     dropped["samples"] += 1
         if self.done_path.exists():
             self.done_path.unlink()
-        self._last_step = None
         if any(dropped.values()):
             logger.info("rolled %s back to step %d, dropped %s", self.run_dir, step, dropped)
         return dropped
