@@ -1,0 +1,86 @@
+"""Run one experiment under several algorithms and compare the agents' held-out accuracy.
+
+This is the main job (``make demo``): HACPO against the GSPO baseline at the same rollout cost, on the same
+agents, prompts and seed, then a table per agent of initial, GSPO and HACPO accuracy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from workbench.config import ALGORITHMS, ConfigError, load_experiment
+from workbench.results import load_evals
+
+__all__ = ["accuracy_table", "run_comparison"]
+
+
+def run_comparison(
+    config: str | Path,
+    algorithms: Sequence[str] = ("hacpo", "gspo"),
+    *,
+    overrides: list[str] | dict[str, Any] | None = None,
+    on_step: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Path]:
+    """Train the experiment once per algorithm (resuming or skipping finished runs).
+
+    Args:
+        config: Experiment YAML.
+        algorithms: Names in ``workbench.config.ALGORITHMS``; each run overrides ``algorithm``.
+        overrides: Extra ``key=value`` overrides applied to every run.
+        on_step: Forwarded to :func:`workbench.trainer.train`, with ``algorithm`` added to each dict.
+
+    Returns:
+        ``{algorithm: run_dir}``.
+    """
+    from workbench.trainer import train
+
+    unknown = [a for a in algorithms if a not in ALGORITHMS]
+    if unknown:
+        raise ConfigError(f"unknown algorithm {unknown[0]!r}; valid: {sorted(ALGORITHMS)}")
+    base = dict(_as_dict(overrides))
+    runs = {}
+    for algorithm in algorithms:
+        cfg = load_experiment(config, base | {"algorithm": algorithm})
+        callback = None if on_step is None else (lambda m, a=algorithm: on_step({"algorithm": a, **m}))
+        runs[algorithm] = train(cfg, on_step=callback)
+    return runs
+
+
+def _as_dict(overrides: list[str] | dict[str, Any] | None) -> dict[str, Any]:
+    from workbench.config import parse_overrides
+
+    return parse_overrides(overrides)
+
+
+def accuracy_table(runs: dict[str, Path], metric: str = "greedy_acc") -> pd.DataFrame:
+    """Per agent: initial accuracy (step 0) and the final accuracy after each algorithm.
+
+    Args:
+        runs: ``{algorithm: run_dir}`` from :func:`run_comparison`.
+        metric: Eval metric (``greedy_acc`` by default).
+
+    Returns:
+        A DataFrame indexed by agent with columns ``initial`` and one per algorithm, plus
+        ``<algorithm> − <first>`` gain columns when there are two or more algorithms.
+    """
+    evals = load_evals(list(runs.values()))
+    evals = evals[evals["metric"] == metric]
+    table = pd.DataFrame()
+    for algorithm, run_dir in runs.items():
+        rows = evals[evals["run_dir"].astype(str) == str(run_dir)]
+        if rows.empty:
+            continue
+        by_step = rows.groupby(["agent", "step"])["value"].mean().unstack("step")
+        if "initial" not in table:
+            table["initial"] = by_step[by_step.columns.min()]
+        table[algorithm] = by_step[by_step.columns.max()]
+    names = [a for a in runs if a in table]
+    if len(names) >= 2:
+        for algorithm in names[:-1]:
+            table[f"{algorithm} − {names[-1]}"] = table[algorithm] - table[names[-1]]
+    table.index.name = "agent"
+    return table
