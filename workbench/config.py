@@ -199,6 +199,8 @@ class ExperimentConfig:
     """One of ``ALGORITHMS``."""
     seed: int = 0
     """Seed of prompts, sampling and initialization."""
+    label: str = ""
+    """Method name in tables and figures (``hacpo-adv``); empty = the algorithm name."""
     description: str = ""
     """Free text shown in tables and the results index."""
     task: TaskConfig = field(default_factory=TaskConfig)
@@ -215,6 +217,11 @@ class ExperimentConfig:
     def agent_names(self) -> list[str]:
         """Agent names in order."""
         return [a["name"] for a in self.agents]
+
+    @property
+    def method(self) -> str:
+        """The label shown in tables and figures (``label`` or the algorithm)."""
+        return self.label or self.algorithm
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-data form (what ``config.yaml`` holds)."""
@@ -361,7 +368,7 @@ def from_dict(data: dict[str, Any]) -> ExperimentConfig:
     kwargs: dict[str, Any] = {
         name: _build_section(name, cls, data.get(name)) for name, cls in _SECTIONS.items()
     }
-    for key in ("experiment", "algorithm", "seed", "description"):
+    for key in ("experiment", "algorithm", "seed", "label", "description"):
         if key in data:
             kwargs[key] = _check_type(key, data[key], hints[key])
     kwargs["agents"] = _normalize_agents(data["agents"])
