@@ -198,6 +198,11 @@ def test_mark_done_and_rollback(tmp_path):
         other.log_metrics(1, {"train/acc/char-gpt2": 0.9})
     w.log_metrics(3, {"train/acc/char-gpt2": 0.9})  # logging resumes after the rollback
     assert results.load_runs([run_dir])["step"].tolist() == [0, 1, 2, 3]
+    assert w.rollback_to(-1) == {"metrics": 5, "evals": 4, "samples": 2}  # killed before any checkpoint
+    assert len(results.load_runs([run_dir])) == 0 and len(results.load_evals([run_dir])) == 0
+    w.log_metrics(0, {"eval/acc/char-gpt2": 0.1})
+    with pytest.raises(ValueError, match=">= -1"):
+        w.rollback_to(-2)
 
 
 def test_samples_file(tmp_path):

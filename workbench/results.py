@@ -219,9 +219,9 @@ def find_run(root: Path | str, experiment: str, cfg_hash: str) -> Path | None:
     return max(matches)[2] if matches else None
 
 
-def _step_of(value: Any, what: str = "step") -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{what} must be a non-negative int, got {value!r}")
+def _step_of(value: Any, lowest: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
+        raise ValueError(f"step must be an int >= {lowest}, got {value!r}")
     return value
 
 
@@ -368,12 +368,13 @@ class RunWriter:
         """Drop everything logged after ``step`` (metrics, evals, samples) and any ``DONE`` marker.
 
         Called on resume from the checkpoint of ``step``, so the resumed run re-logs those steps exactly
-        once. Checkpoints are not touched (`workbench.checkpoint` owns them).
+        once; ``step=-1`` drops every logged step (a run killed before its first checkpoint). Checkpoints
+        are not touched (`workbench.checkpoint` owns them).
 
         Returns:
             Counts of what was dropped: ``metrics``, ``evals``, ``samples``.
         """
-        _step_of(step)
+        _step_of(step, lowest=-1)
         dropped = {
             "metrics": wio.truncate_jsonl(self.metrics_path, lambda r: int(r.get("step", 0)) <= step),
             "evals": self._truncate_evals(step),
