@@ -295,6 +295,12 @@ def _normalize_agents(agents: Any) -> tuple[dict, ...]:
         spec = dict(spec)
         spec.setdefault("name", str(spec["model"]).split(":")[-1].split("/")[-1])
         out.append(spec)
+    for i, spec in enumerate(out):
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.+-]*", str(spec["name"])):
+            raise ConfigError(
+                f"agents[{i}].name = {spec['name']!r} is not allowed: letters, digits and _.+- "
+                "(it becomes part of metric keys such as train/acc/<name>)"
+            )
     names = [a["name"] for a in out]
     if len(set(names)) != len(names):
         raise ConfigError(f"agents: names must be unique, got {names}; set 'name' on each agent")

@@ -467,7 +467,8 @@ def _run_ids(run_dir: Path) -> dict[str, Any]:
     return {
         "run": run_dir.name,
         "experiment": str(cfg.get("experiment", run_dir.parent.name)),
-        "algorithm": str(cfg.get("algorithm", "")),
+        # The method label (an ablation's name, e.g. "hacpo-adv") when set, else the algorithm.
+        "algorithm": str(cfg.get("label") or cfg.get("algorithm", "")),
         "seed": seed if isinstance(seed, int) and not isinstance(seed, bool) else None,
         "run_dir": str(run_dir),
     }

@@ -576,6 +576,5 @@ def train(
         writer.rollback_to(step)
         log.info("resumed %s from step %d", run_dir, step)
     else:  # killed before the step-0 checkpoint: start over, dropping any partial step-0 logs
-        for partial in (writer.metrics_path, writer.evals_path):
-            partial.unlink(missing_ok=True)
+        writer.rollback_to(-1)
     return trainer.fit()
