@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 SOFT_TIMEOUT_S = 1
 """math-verify's own alarm, per parse and per comparison, inside a worker (whole seconds: signal.alarm)."""
 
-HARD_TIMEOUT_S = 2.0
+HARD_TIMEOUT_S = 1.5
 """Wall-clock limit per comparison, enforced by killing the worker; its verdict is then "timeout"."""
 
 START_TIMEOUT_S = 60.0
@@ -160,9 +160,13 @@ class VerifierPool:
                     self.cache[p] = r
             return [r or "timeout" for r in results]
 
-    def _run(self, pairs: list[tuple[str, str]], results: list[str | None], todo: deque) -> None:
+    def spawn_missing(self) -> None:
+        """Starts workers up to `n_workers` (call with the lock held)."""
         while len(self.workers) < self.n_workers:
             self.workers.append(_spawn())
+
+    def _run(self, pairs: list[tuple[str, str]], results: list[str | None], todo: deque) -> None:
+        self.spawn_missing()
         failed_starts = 0
         while todo or any(w.job is not None for w in self.workers):
             now = time.monotonic()
@@ -226,19 +230,31 @@ _POOL: VerifierPool | None = None
 _POOL_LOCK = threading.Lock()
 
 
+def _shared_pool() -> VerifierPool:
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = VerifierPool()
+            atexit.register(_POOL.close)
+        return _POOL
+
+
+def start() -> None:
+    """Starts the shared workers now, without waiting for them (their import takes ≈1 s), so that the first
+    `verify_pairs` does not pay for it. Optional."""
+    pool = _shared_pool()
+    with pool.lock:
+        pool.spawn_missing()
+
+
 def verify_pairs(pairs: list[tuple[str, str]]) -> list[str]:
     """Verifies ``(extracted answer, gold)`` pairs with math-verify in the shared worker pool.
 
     Returns:
         One reason per pair: ``"correct"``, ``"wrong"``, ``"timeout"`` or ``"malformed"``.
     """
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None:
-            _POOL = VerifierPool()
-            atexit.register(_POOL.close)
     try:
-        return _POOL.run(pairs)
+        return _shared_pool().run(pairs)
     except Exception:  # e.g. processes cannot be started here: count as timeouts, never crash a run
         logger.exception("math-verify pool failed; %d comparisons counted as timeout", len(pairs))
         return ["timeout"] * len(pairs)
