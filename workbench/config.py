@@ -95,6 +95,8 @@ class TaskConfig:
     """Grader name in ``workbench.rewards.REWARD_METHODS``."""
     knobs: dict = field(default_factory=dict)
     """Extra keyword arguments for the task source (e.g. ``n_ops: [1, 3]``, ``max_operand: 9``)."""
+    eval_knobs: dict | None = None
+    """Keyword arguments for the held-out source; None = ``knobs`` when it is the same source, else none."""
 
 
 @dataclass(frozen=True)
@@ -301,6 +303,13 @@ def _normalize_agents(agents: Any) -> tuple[dict, ...]:
                 f"agents[{i}].name = {spec['name']!r} is not allowed: letters, digits and _.+- "
                 "(it becomes part of metric keys such as train/acc/<name>)"
             )
+    from workbench.agent_spec import AgentSpec, AgentSpecError  # light: no transformers import
+
+    for i, spec in enumerate(out):
+        try:
+            AgentSpec.from_dict(spec)
+        except AgentSpecError as exc:
+            raise ConfigError(f"agents[{i}] ({spec['name']}): {exc}") from None
     names = [a["name"] for a in out]
     if len(set(names)) != len(names):
         raise ConfigError(f"agents: names must be unique, got {names}; set 'name' on each agent")

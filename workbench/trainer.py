@@ -109,8 +109,11 @@ class Trainer:
             cfg.task.source, split="train", n=cfg.task.train_size, seed=cfg.seed, **cfg.task.knobs
         )
         eval_source = cfg.task.eval_source or cfg.task.source
+        eval_knobs = cfg.task.eval_knobs
+        if eval_knobs is None:
+            eval_knobs = cfg.task.knobs if eval_source == cfg.task.source else {}
         self.eval_items: list[TaskItem] = (
-            load_tasks(eval_source, split="test", n=cfg.task.eval_size, seed=cfg.seed, **cfg.task.knobs)
+            load_tasks(eval_source, split="test", n=cfg.task.eval_size, seed=cfg.seed, **eval_knobs)
             if cfg.task.eval_size
             else []
         )
