@@ -15,7 +15,7 @@ import pandas as pd
 from workbench.config import ALGORITHMS, ConfigError, load_experiment
 from workbench.results import load_evals
 
-__all__ = ["accuracy_table", "run_comparison"]
+__all__ = ["accuracy_table", "run_comparison", "run_experiments"]
 
 
 def run_comparison(
@@ -41,12 +41,36 @@ def run_comparison(
     unknown = [a for a in algorithms if a not in ALGORITHMS]
     if unknown:
         raise ConfigError(f"unknown algorithm {unknown[0]!r}; valid: {sorted(ALGORITHMS)}")
-    base = dict(_as_dict(overrides))
+    base = _as_dict(overrides)
     runs = {}
     for algorithm in algorithms:
         cfg = load_experiment(config, base | {"algorithm": algorithm})
         callback = None if on_step is None else (lambda m, a=algorithm: on_step({"algorithm": a, **m}))
         runs[algorithm] = train(cfg, on_step=callback)
+    return runs
+
+
+def run_experiments(
+    configs: Sequence[str | Path],
+    *,
+    overrides: list[str] | dict[str, Any] | None = None,
+    on_step: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Path]:
+    """Train several experiment YAMLs (e.g. the ablations) with shared overrides.
+
+    Returns:
+        ``{method label: run_dir}`` (the label is ``label`` or the algorithm of each config).
+    """
+    from workbench.trainer import train
+
+    base = _as_dict(overrides)
+    runs = {}
+    for path in configs:
+        cfg = load_experiment(path, base)
+        if cfg.method in runs:
+            raise ConfigError(f"{path}: method label {cfg.method!r} is used twice; set a distinct 'label'")
+        callback = None if on_step is None else (lambda m, a=cfg.method: on_step({"algorithm": a, **m}))
+        runs[cfg.method] = train(cfg, on_step=callback)
     return runs
 
 

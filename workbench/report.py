@@ -1,0 +1,135 @@
+"""Paper-style reports from run directories: the tables and figures the notebooks show and save.
+
+Each report reads runs through ``workbench.results`` only (never trains), builds the pandas tables and altair
+charts, writes them under ``out_dir`` (LaTeX + CSV tables; PNG, SVG and HTML figures) and returns them so a
+notebook can display them. ``05_figures`` calls these on everything under ``results/``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from workbench import plots, tables
+from workbench.results import find_run_dirs, load_evals, load_runs
+
+__all__ = ["Report", "ablation_report", "benchmark_report", "quickstart_report"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Report:
+    """What a report produced: tables and charts by name, and every file written."""
+
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+    charts: dict[str, Any] = field(default_factory=dict)
+    files: list[Path] = field(default_factory=list)
+
+    def add_table(self, name: str, table: pd.DataFrame, out_dir: Path, caption: str, **latex: Any) -> None:
+        """Keep ``table`` and write it as ``<out_dir>/<name>.tex`` and ``.csv``."""
+        self.tables[name] = table
+        if not table.empty:
+            self.files += tables.to_latex(table, out_dir / f"{name}.tex", caption, f"tab:{name}", **latex)
+
+    def add_chart(self, name: str, build: Any, *args: Any, out_dir: Path, **kwargs: Any) -> None:
+        """Build a chart (skipped with a log line when the runs lack its metrics) and save it."""
+        try:
+            chart = build(*args, **kwargs)
+        except ValueError as exc:
+            log.info("skipped figure %s: %s", name, exc)
+            return
+        self.charts[name] = chart
+        self.files += plots.save_chart(chart, out_dir / name)
+
+
+def _runs(run_dirs: Iterable[Path | str] | dict[str, Path]) -> list[Path]:
+    paths = list(run_dirs.values()) if isinstance(run_dirs, dict) else list(run_dirs)
+    return find_run_dirs(paths)
+
+
+def quickstart_report(run_dirs: Iterable[Path | str] | dict[str, Path], out_dir: str | Path) -> Report:
+    """Training curves, capability/ω, ratio statistics and clip fractions of a method comparison."""
+    out_dir, runs = Path(out_dir), _runs(run_dirs)
+    df = load_runs(runs)
+    report = Report()
+    report.add_chart(
+        "train_acc", plots.training_curves, df, "train/acc", y_title="rollout accuracy", out_dir=out_dir
+    )
+    report.add_chart(
+        "eval_acc", plots.training_curves, df, "eval/acc", y_title="held-out accuracy", out_dir=out_dir
+    )
+    report.add_chart("capability", plots.capability_chart, df, out_dir=out_dir)
+    report.add_chart("omega", plots.omega_chart, df, out_dir=out_dir)
+    report.add_chart("ratios", plots.ratio_chart, df, out_dir=out_dir)
+    report.add_chart("clip_fractions", plots.clip_fraction_chart, df, out_dir=out_dir)
+    report.add_chart("cost", plots.cost_chart, df, out_dir=out_dir)
+    return report
+
+
+def benchmark_report(run_dirs: Iterable[Path | str] | dict[str, Path], out_dir: str | Path) -> Report:
+    """Table 1 (agent × method × benchmark, AVG) and Figure 3 (held-out accuracy over steps), plus cost."""
+    out_dir, runs = Path(out_dir), _runs(run_dirs)
+    df, evals = load_runs(runs), load_evals(runs)
+    report = Report()
+    if not evals.empty:
+        report.add_table(
+            "table1",
+            tables.paper_table(evals),
+            out_dir,
+            "Held-out greedy accuracy per agent and method (Table 1)",
+        )
+    report.add_chart(
+        "figure3", plots.training_curves, df, "eval/acc", y_title="held-out accuracy", out_dir=out_dir
+    )
+    report.add_chart(
+        "train_acc", plots.training_curves, df, "train/acc", y_title="rollout accuracy", out_dir=out_dir
+    )
+    report.add_chart("cost", plots.cost_chart, df, out_dir=out_dir)
+    return report
+
+
+def ablation_report(run_dirs: Iterable[Path | str] | dict[str, Path], out_dir: str | Path) -> Report:
+    """Tables 2-4 and 6 and Figure 4 from HACPO runs and its ablations (method labels ``hacpo-*``)."""
+    out_dir, runs = Path(out_dir), _runs(run_dirs)
+    df, evals = load_runs(runs), load_evals(runs)
+    report = Report()
+    if not evals.empty:
+        methods = sorted(evals["algorithm"].unique())
+        components = [m for m in methods if m == "hacpo" or m in ("hacpo-adv", "hacpo-omega")]
+        if len(components) > 1:
+            report.add_table(
+                "table2_3",
+                tables.paper_table(evals, methods=components, include_untrained=False),
+                out_dir,
+                "Removing the capability-aware advantage (−Adv, Table 2) or ω in the loss (−ω, Table 3)",
+            )
+        alpha_runs = [r for r, m in _methods(runs).items() if m == "hacpo" or m.startswith("hacpo-alpha")]
+        alpha_evals = evals[evals["run_dir"].isin([str(r) for r in alpha_runs])]
+        if alpha_evals["run_dir"].nunique() > 1:
+            report.add_table(
+                "table4", tables.alpha_table(alpha_evals), out_dir, "α sensitivity (Table 4)", axis="row"
+            )
+    hacpo_runs = df[df["algorithm"] == "hacpo"]
+    if not hacpo_runs.empty:
+        try:
+            stats = tables.ratio_stats_table(hacpo_runs)
+        except ValueError as exc:
+            log.info("skipped table 6: %s", exc)
+        else:
+            report.add_table("table6", stats, out_dir, "Importance-ratio statistics (Table 6)", best=None)
+    report.add_chart("figure4", plots.ablation_curves, df, "eval/acc", out_dir=out_dir)
+    report.add_chart("ratios", plots.ratio_chart, df, out_dir=out_dir)
+    report.add_chart("clip_fractions", plots.clip_fraction_chart, df, out_dir=out_dir)
+    return report
+
+
+def _methods(runs: list[Path]) -> dict[Path, str]:
+    """Method label of each run directory (from ``load_runs``' id columns)."""
+    df = load_runs(runs)
+    return {Path(r): m for r, m in zip(df["run_dir"], df["algorithm"])}
