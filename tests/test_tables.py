@@ -8,7 +8,14 @@ import pandas as pd
 import pytest
 import yaml
 
-from workbench.tables import alpha_table, method_label, paper_table, ratio_stats_table, to_latex
+from workbench.tables import (
+    alpha_table,
+    method_label,
+    paper_table,
+    ratio_stats_table,
+    to_latex,
+    with_variants,
+)
 
 A1, A2 = "char-gpt2", "bpe-llama"
 BENCHES = ("arith", "gsm")
@@ -213,3 +220,39 @@ def test_to_latex_row_axis_marks_best_alpha(tmp_path):
     text = tex.read_text()
     assert r"1.7B & 0.630 & 0.664 & \textbf{0.668} \\" in text
     assert r"4B & 0.756 & \textbf{0.792} & 0.770 \\" in text
+
+
+def test_with_variants_names_ablation_runs_from_their_configs(tmp_path):
+    switches = {
+        "full": {"alpha": 1.0},
+        "adv": {"capability_baseline": False},
+        "both": {"omega_in_loss": False, "clip_cross": False},
+        "static": {"delta_step": 0.0},
+    }
+    rows = []
+    for name, hacpo in switches.items():
+        run_dir = tmp_path / name
+        run_dir.mkdir()
+        (run_dir / "config.yaml").write_text(yaml.safe_dump({"algorithm": "hacpo", "hacpo": hacpo}))
+        rows.append({"run": name, "algorithm": "hacpo", "run_dir": str(run_dir), "step": 1})
+    rows.append({"run": "g", "algorithm": "gspo", "run_dir": str(tmp_path / "no-config"), "step": 1})
+    out = with_variants(pd.DataFrame(rows))
+    assert out["algorithm"].tolist() == [
+        "hacpo",
+        "hacpo-adv",
+        "hacpo-omega-noclip",
+        "hacpo-nostepwise",
+        "gspo",
+    ]
+    assert [method_label(a) for a in out["algorithm"]] == [
+        "HACPO",
+        "HACPO − Adv",
+        "HACPO − omega-noclip",
+        "no Stepwise",
+        "GSPO",
+    ]
+    broken = pd.DataFrame([{"algorithm": "hacpo", "run_dir": str(tmp_path / "missing")}])
+    with pytest.raises(
+        ValueError, match=r"cannot read hacpo\.<ablation switches> from .*missing/config\.yaml"
+    ):
+        with_variants(broken)

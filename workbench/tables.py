@@ -4,6 +4,7 @@
   row first, columns = benchmarks + AVG); also Tables 2-3 when given a method subset.
 - :func:`alpha_table`: Table 4 (one score per agent and α).
 - :func:`ratio_stats_table`: Table 6 (per-step averages of the self and cross importance-ratio stats).
+- :func:`with_variants`: names HACPO ablation runs (``"hacpo-adv"``, ...) from their configs.
 - :func:`to_latex`: booktabs LaTeX with the best value per column (within each agent block) in bold, and
   the same table as CSV; both written atomically.
 
@@ -27,6 +28,7 @@ from workbench.io import atomic_write_text
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "ABLATION_SWITCHES",
     "METHOD_LABELS",
     "METHOD_ORDER",
     "alpha_table",
@@ -36,9 +38,10 @@ __all__ = [
     "paper_table",
     "ratio_stats_table",
     "to_latex",
+    "with_variants",
 ]
 
-#: Display label of every known ``algorithm`` value (a config's ``algorithm`` field).
+#: Display label of every method: a config's ``algorithm`` or an ablation name from :func:`with_variants`.
 METHOD_LABELS: dict[str, str] = {
     "grpo": "GRPO",
     "gspo": "GSPO",
@@ -172,13 +175,59 @@ def paper_table(
     return table.round(decimals)
 
 
-def _read_alpha(run_dir: str) -> float:
+def _read_hacpo(run_dir: str, key: str) -> dict:
+    """The ``hacpo`` section of a run's ``config.yaml``; ``key`` is what the caller needs (for the error)."""
     path = Path(run_dir) / "config.yaml"
     try:
-        config = yaml.safe_load(path.read_text(encoding="utf-8"))
-        return float(config["hacpo"]["alpha"])
-    except (OSError, KeyError, TypeError, ValueError) as err:
-        raise ValueError(f"cannot read hacpo.alpha from {path}: {err}") from err
+        section = yaml.safe_load(path.read_text(encoding="utf-8"))["hacpo"]
+        if not isinstance(section, dict):
+            raise TypeError(f"'hacpo' is a {type(section).__name__}, not a mapping")
+        return section
+    except (OSError, KeyError, TypeError, yaml.YAMLError) as err:
+        raise ValueError(f"cannot read hacpo.{key} from {path}: {err!r}") from err
+
+
+def _read_alpha(run_dir: str) -> float:
+    try:
+        return float(_read_hacpo(run_dir, "alpha")["alpha"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"cannot read hacpo.alpha from {Path(run_dir) / 'config.yaml'}: {err!r}") from err
+
+
+#: Ablation switches of the config's ``hacpo`` section (spec §3, Fig. 4): (key, ablated value, suffix).
+ABLATION_SWITCHES: tuple[tuple[str, object, str], ...] = (
+    ("capability_baseline", False, "adv"),
+    ("omega_in_loss", False, "omega"),
+    ("delta_step", 0, "nostepwise"),
+    ("clip_cross", False, "noclip"),
+)
+
+
+def with_variants(df: pd.DataFrame) -> pd.DataFrame:
+    """Name HACPO ablation runs by what they switch off: ``algorithm`` ``"hacpo"`` → ``"hacpo-adv"`` etc.
+
+    Ablations are configurations of the ``hacpo`` algorithm (``capability_baseline: false`` → −Adv,
+    ``omega_in_loss: false`` → −ω, ``delta_step: 0`` → no Stepwise, ``clip_cross: false`` → no Clip), so
+    ``load_runs``/``load_evals`` report them all as ``"hacpo"``. This reads each HACPO run's
+    ``config.yaml`` (column ``run_dir``) and appends the switched-off parts, joined by ``-`` when several
+    (``"hacpo-adv-omega"``), so tables and figures give each variant its own row and line.
+
+    Args:
+        df: Any frame with ``algorithm`` and ``run_dir`` columns (``load_runs``, ``load_evals``).
+
+    Returns:
+        A copy with ``algorithm`` renamed for ablation runs; other rows unchanged.
+    """
+    _require_columns(df, ["algorithm", "run_dir"], "df")
+    names = {}
+    for run_dir in df.loc[df["algorithm"] == "hacpo", "run_dir"].dropna().unique():
+        section = _read_hacpo(run_dir, "<ablation switches>")
+        off = [suffix for key, value, suffix in ABLATION_SWITCHES if key in section and section[key] == value]
+        names[run_dir] = "-".join(["hacpo", *off])
+    out = df.copy()
+    mask = out["run_dir"].isin(list(names))
+    out.loc[mask, "algorithm"] = out.loc[mask, "run_dir"].map(names)
+    return out
 
 
 def alpha_table(
