@@ -40,6 +40,7 @@ TIME_BOUND_S = 3.0
         ("work\n#### 1,234\n", "1,234"),
         ("The answer is $-5$.", "-5"),
         ("Hence the final answer is: 12.", "12"),
+        ("The answer is 0.25. Check: 1/4 = 0.25.", "0.25"),
         ("\\boxed{3} and later \\boxed{4", None),  # an unclosed last box is no answer (as in verl)
         ("no answer here", None),
         ("\\boxed{}", None),
@@ -251,6 +252,15 @@ def test_a_timeout_in_a_thread_is_bounded(warm_verifier):
     thread.join(timeout=10)
     assert out["g"] == Grade(0.0, "timeout")
     assert time.perf_counter() - t0 < TIME_BOUND_S
+
+
+def test_dead_workers_are_replaced(warm_verifier):
+    pool = verifier._shared_pool()
+    for w in pool.workers:  # processes this test session started
+        w.proc.kill()
+        w.proc.wait()
+    assert grade("\\boxed{\\frac{3}{6}}", "0.5") == Grade(1.0, "correct")
+    assert all(w.proc.poll() is None for w in pool.workers)
 
 
 def test_non_string_input_never_raises():

@@ -94,7 +94,7 @@ def extract_answer(text: str) -> str | None:
         else:
             at = text.lower().rfind("answer is")
             if at >= 0:
-                found = text[at + 9 :].split("\n", 1)[0]
+                found = text[at + 9 :].split("\n", 1)[0].split(". ", 1)[0]  # its line, its sentence
                 found = found[1:] if found.startswith(":") else found
     if found is None:
         return None

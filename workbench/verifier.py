@@ -152,7 +152,13 @@ class VerifierPool:
             results: list[str | None] = [self.cache.get(p) for p in pairs]
             todo = deque(i for i, r in enumerate(results) if r is None)
             if todo:
-                self._run(pairs, results, todo)
+                try:
+                    self._run(pairs, results, todo)
+                except BaseException:  # a worker may still owe an answer: never let it reach a later call
+                    for w in self.workers:
+                        w.kill()
+                    self.workers = []
+                    raise
             if len(self.cache) > _CACHE_SIZE:
                 self.cache.clear()
             for p, r in zip(pairs, results):
@@ -170,16 +176,18 @@ class VerifierPool:
         failed_starts = 0
         while todo or any(w.job is not None for w in self.workers):
             now = time.monotonic()
-            for w in self.workers:  # hand out work
+            for i, w in enumerate(list(self.workers)):  # hand out work
                 if w.ready and w.job is None and todo:
-                    w.job = todo.popleft()
-                    w.deadline = now + HARD_TIMEOUT_S
-                    answer, gold = pairs[w.job]
+                    job = todo.popleft()
+                    answer, gold = pairs[job]
                     try:
                         w.proc.stdin.write((json.dumps({"p": answer, "g": gold}) + "\n").encode())
                         w.proc.stdin.flush()
-                    except OSError:
-                        w.deadline = now  # dead worker: replaced below
+                    except OSError:  # the worker died while idle: requeue, replace it
+                        todo.appendleft(job)
+                        self._replace(i, results, "malformed")
+                        continue
+                    w.job, w.deadline = job, now + HARD_TIMEOUT_S
             waits = [w.deadline if w.ready else w.started + START_TIMEOUT_S for w in self.workers]
             timeout = max(0.0, min(waits) - time.monotonic())
             readable, _, _ = select.select([w.proc.stdout for w in self.workers], [], [], timeout)
