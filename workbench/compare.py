@@ -58,6 +58,11 @@ def run_experiments(
 ) -> dict[str, Path]:
     """Train several experiment YAMLs (e.g. the ablations) with shared overrides.
 
+    Args:
+        configs: YAML files, or folders whose ``*.yaml`` files are all taken (sorted by name).
+        overrides: ``key=value`` overrides applied to every experiment.
+        on_step: Forwarded to :func:`workbench.trainer.train`, with ``algorithm`` (the label) added.
+
     Returns:
         ``{method label: run_dir}`` (the label is ``label`` or the algorithm of each config).
     """
@@ -65,7 +70,8 @@ def run_experiments(
 
     base = _as_dict(overrides)
     runs = {}
-    for path in configs:
+    paths = [p for c in map(Path, configs) for p in (sorted(c.glob("*.yaml")) if c.is_dir() else [c])]
+    for path in paths:
         cfg = load_experiment(path, base)
         if cfg.method in runs:
             raise ConfigError(f"{path}: method label {cfg.method!r} is used twice; set a distinct 'label'")

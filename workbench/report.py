@@ -18,7 +18,13 @@ import pandas as pd
 from workbench import plots, tables
 from workbench.results import find_run_dirs, load_evals, load_runs
 
-__all__ = ["Report", "ablation_report", "benchmark_report", "quickstart_report"]
+__all__ = [
+    "Report",
+    "ablation_report",
+    "benchmark_report",
+    "quickstart_report",
+    "save_accuracy_table",
+]
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +52,13 @@ class Report:
             return
         self.charts[name] = chart
         self.files += plots.save_chart(chart, out_dir / name)
+
+
+def save_accuracy_table(table: pd.DataFrame, out_dir: str | Path) -> list[Path]:
+    """Write the demo's per-agent accuracy table (``compare.accuracy_table``) as ``accuracy.tex``/``.csv``."""
+    return tables.to_latex(
+        table, Path(out_dir) / "accuracy.tex", "Held-out greedy accuracy per agent", "tab:accuracy", best=None
+    )
 
 
 def _runs(run_dirs: Iterable[Path | str] | dict[str, Path]) -> list[Path]:
