@@ -192,3 +192,32 @@ def test_summary_rows_fit_the_results_log(fake_agents):
     rows = result.rows()
     assert rows and all(set(r) == {"agent", "benchmark", "metric", "value"} for r in rows)
     assert all(_EVAL_METRIC_RE.match(r["metric"]) for r in rows)
+
+
+# ---------------------------------------------------------------------------------------------- tiny agent
+
+
+@pytest.fixture(scope="module")
+def tiny_agent(tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("HACPO_CACHE", str(tmp_path_factory.mktemp("cache")))
+    mp.setenv("HACPO_TINY_WARM_STEPS", "5")  # a barely trained build, in seconds
+    from workbench.agents import load_agent
+
+    yield load_agent("tiny:gpt2-char")
+    mp.undo()
+
+
+def test_evaluate_a_tiny_agent(tiny_agent):
+    items = embedded_task("test", 12)
+    kwargs = {"k": 3, "instruction": None, "max_new_tokens": 12, "batch_size": 16, "seed": 5}
+    first = evaluate(tiny_agent, items, **kwargs)
+    again = evaluate(tiny_agent, items, **kwargs)
+    samples = first.samples
+    assert len(samples) == 12 * 4 and set(samples["agent"]) == {tiny_agent.name}
+    assert set(samples["benchmark"]) == {"embedded"} and set(samples["reward"]) <= {0.0, 1.0}
+    assert samples["length"].between(1, 12).all()
+    pd.testing.assert_frame_equal(samples, again.samples)  # greedy, and seeded sampling, repeat exactly
+    metrics = first.summary.set_index("metric")["value"]
+    assert list(metrics.index) == ["greedy_acc", "avg@3", "pass@1", "pass@2", "pass@3", "best@3"]
+    assert metrics.between(0, 1).all() and metrics["pass@3"] == metrics["best@3"] >= metrics["avg@3"]
