@@ -212,3 +212,16 @@ def test_charts_from_real_run_directories(tmp_path):
         plots.clip_fraction_chart(df),
     ]:
         assert plots.chart_to_svg(chart).lstrip().startswith("<svg")
+
+
+def test_setup_notebook_selects_the_offline_svg_renderer_and_the_theme():
+    import altair as alt
+
+    renderer, theme = alt.renderers.active, alt.theme.active
+    try:
+        plots.setup_notebook()
+        assert alt.renderers.active == "svg" and alt.theme.active == "hacpo"
+    finally:
+        alt.renderers.enable(renderer)
+        alt.theme.enable(theme)
+        alt.data_transformers.enable("default")

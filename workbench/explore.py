@@ -87,7 +87,7 @@ def validate_tuning(
             _check(ok(value), name, value, allowed)
 
 
-def default_s_grid(delta: float, n: int = 241) -> torch.Tensor:
+def default_s_grid(delta: float, n: int = 121) -> torch.Tensor:
     """Ratios s from a little below the loosest lower bound ``1 − δ`` to 1.2, ``n`` points."""
     low = max(0.01, min(0.5, 1.0 - delta - 0.1))
     return torch.linspace(low, 1.2, n, dtype=torch.float64)
