@@ -1,0 +1,74 @@
+"""Shared fixtures: a session-wide temporary model cache and quickly built tiny agents.
+
+Every test session caches models under a fresh temporary ``HACPO_CACHE`` (never the user's cache), and tiny
+presets are warm-started for only ``HACPO_TINY_WARM_STEPS`` steps (default here: 40) so that any
+``load_agent("tiny:<preset>")`` in the suite builds in seconds. Such agents are barely trained; tests that
+need the real warm start pass ``warm_steps`` explicitly and are marked ``slow``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+TEST_WARM_STEPS = "40"
+
+# Set before any test module imports torch: 2 cores, and torch's OpenMP spinning slows everything 10-15x.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def hacpo_cache(tmp_path_factory: pytest.TempPathFactory):
+    """A temporary ``HACPO_CACHE`` for the whole session, with short tiny-agent warm starts."""
+    saved = {key: os.environ.get(key) for key in ("HACPO_CACHE", "HACPO_TINY_WARM_STEPS")}
+    path = tmp_path_factory.mktemp("hacpo-cache")
+    os.environ["HACPO_CACHE"] = str(path)
+    os.environ["HACPO_TINY_WARM_STEPS"] = saved["HACPO_TINY_WARM_STEPS"] or TEST_WARM_STEPS
+    yield path
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.fixture(scope="session")
+def char_agent_dir(hacpo_cache):
+    """Model directory of ``tiny:gpt2-char`` (GPT-2, character-level), briefly warm-started."""
+    from workbench.zoo import build_tiny
+
+    return build_tiny("gpt2-char")
+
+
+@pytest.fixture(scope="session")
+def bpe_agent_dir(hacpo_cache):
+    """Model directory of ``tiny:llama-bpe-small`` (Llama, byte-level BPE), briefly warm-started."""
+    from workbench.zoo import build_tiny
+
+    return build_tiny("llama-bpe-small")
+
+
+@pytest.fixture(scope="session")
+def char_agent(char_agent_dir):
+    """A loaded GPT-2 char agent shared by read-only tests (load your own copy to train it)."""
+    from workbench.agents import load_agent
+
+    return load_agent(str(char_agent_dir), name="char")
+
+
+@pytest.fixture(scope="session")
+def bpe_agent(bpe_agent_dir):
+    """A loaded Llama BPE agent shared by read-only tests (load your own copy to train it)."""
+    from workbench.agents import load_agent
+
+    return load_agent(str(bpe_agent_dir), name="bpe")
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(hacpo_cache):
+    """The embedded SmolLM2 converted into the session cache (≈25-40 s, once per session)."""
+    from workbench.embedded import ensure_embedded
+
+    return ensure_embedded("smollm2-135m-instruct")

@@ -1,0 +1,311 @@
+"""Agents: specs, loading errors, generation, scoring, LoRA and 4-bit, on tiny models of two architectures."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from workbench.agent_spec import AgentSpec, AgentSpecError, LoraSpec, bnb_config, lora_config
+from workbench.agents import (
+    AgentLoadError,
+    generate,
+    load_agent,
+    reference_token_logprobs,
+    score_rollouts,
+    sequence_logprobs,
+    token_logprobs,
+)
+from workbench.rollout import _pick_B
+from workbench.sharing import build_training_batch, self_token_batch
+
+PROMPTS = ["3+4*2", "7-1", "2*3*4-5"]
+
+# ---------------------------------------------------------------------------------------------------------
+# Specs and configs (pure)
+
+
+def test_spec_from_dict_rejects_unknown_key_naming_valid_keys():
+    with pytest.raises(AgentSpecError, match=r"unknown agent key 'lr'.*valid keys.*'quantization'"):
+        AgentSpec.from_dict({"model": "tiny:gpt2-char", "lr": 1e-4})
+    with pytest.raises(AgentSpecError, match=r"unknown lora key 'rank'"):
+        AgentSpec.from_dict({"model": "x", "lora": {"rank": 8}})
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"quantization": "3bit", "lora": {"r": 4}}, r"quantization = '3bit'.*\['none', '4bit', '8bit'\]"),
+        ({"lora": {"r": 0}}, r"lora.r = 0.*>= 1"),
+        ({"quantization": "4bit"}, r"needs lora"),
+        ({"temperature": -1.0}, r"temperature = -1.0"),
+        ({"top_p": 0.0}, r"top_p = 0.0"),
+        ({"max_new_tokens": 0}, r"max_new_tokens = 0"),
+        ({"prompt_template": "Q: {question}"}, r"prompt_template.*\{content\}"),
+        ({"device": "gpu"}, r"device = 'gpu'"),
+        ({"dtype": "fp8"}, r"dtype = 'fp8'"),
+    ],
+)
+def test_spec_validation_names_field_and_allowed_values(fields, message):
+    with pytest.raises(AgentSpecError, match=message):
+        AgentSpec.from_dict({"model": "tiny:gpt2-char", **fields})
+
+
+def test_spec_round_trips_through_plain_data():
+    spec = AgentSpec.from_dict(
+        {"model": "m", "name": "a", "lora": {"r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}}
+    )
+    assert spec.lora == LoraSpec(r=8, alpha=16, target_modules=("q_proj", "v_proj"))
+    assert AgentSpec.from_dict(spec.to_dict()) == spec
+    assert spec.to_dict()["lora"]["target_modules"] == ["q_proj", "v_proj"]
+    assert AgentSpec(model="tiny:gpt2-char").display_name == "gpt2-char"
+    assert AgentSpec(model="Qwen/Qwen3-1.7B-Base").display_name == "Qwen3-1.7B-Base"
+
+
+def test_lora_and_bnb_configs_are_built_from_the_spec():
+    cfg = lora_config(LoraSpec(r=4, alpha=8, dropout=0.1, target_modules=("q_proj",)))
+    assert (cfg.r, cfg.lora_alpha, cfg.lora_dropout, set(cfg.target_modules)) == (4, 8, 0.1, {"q_proj"})
+    assert str(cfg.task_type.value if hasattr(cfg.task_type, "value") else cfg.task_type) == "CAUSAL_LM"
+    q4 = bnb_config("4bit", torch.float32)
+    assert q4.load_in_4bit and q4.bnb_4bit_quant_type == "nf4" and q4.bnb_4bit_use_double_quant
+    assert q4.bnb_4bit_compute_dtype == torch.float32
+    assert bnb_config("8bit", torch.float32).load_in_8bit
+    assert bnb_config("none", torch.float32) is None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Loading errors
+
+
+def test_bad_path_names_the_path_and_the_fix(tmp_path):
+    missing = tmp_path / "no-such-model"
+    with pytest.raises(AgentLoadError, match=r"no-such-model.*does not exist.*fix the path"):
+        load_agent(str(missing))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(AgentLoadError, match=r"has no config.json.*save_pretrained"):
+        load_agent(str(tmp_path / "empty"))
+
+
+def test_unknown_names_list_the_valid_ones():
+    with pytest.raises(AgentLoadError, match=r"'smollm3' is not an embedded model.*smollm2-135m-instruct"):
+        load_agent("smollm3")
+    with pytest.raises(KeyError, match=r"unknown tiny preset 'nope'.*gpt2-char"):
+        load_agent("tiny:nope")
+
+
+def test_hub_id_offline_error_explains_the_fix(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(AgentLoadError, match=r"HF_HUB_OFFLINE"):
+        load_agent("no-such-owner-xyz/no-such-model-xyz")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Generation
+
+
+@pytest.mark.parametrize("which", ["char_agent", "bpe_agent"])
+def test_generate_returns_prompt_major_rollouts(which, request):
+    agent = request.getfixturevalue(which)
+    rollouts = generate(agent, PROMPTS, n=3, author=2, seed=0, max_new_tokens=24)
+    assert [r.prompt_index for r in rollouts] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert all(r.author == 2 and r.prompt == PROMPTS[r.prompt_index] for r in rollouts)
+    for r in rollouts:
+        assert r.prompt_ids == agent.encode_prompt(r.prompt)
+        assert agent.pad_token_id not in r.response_ids[:-1] or agent.pad_token_id == agent.eos_token_id
+        if r.finish_reason == "eos":
+            assert r.response_ids[-1] == agent.eos_token_id and agent.eos_token_id not in r.response_ids[:-1]
+            body = r.response_ids[:-1]
+        else:
+            assert r.finish_reason == "length" and len(r.response_ids) == 24
+            body = r.response_ids
+        assert r.text == agent.tokenizer.decode(body, skip_special_tokens=True)
+        assert r.length == len(r.response_ids) and math.isnan(r.old_logp_sum)
+
+
+def test_generate_is_deterministic_given_a_seed(char_agent):
+    a = generate(char_agent, PROMPTS, n=4, seed=7)
+    b = generate(char_agent, PROMPTS, n=4, seed=7)
+    c = generate(char_agent, PROMPTS, n=4, seed=8)
+    assert [r.response_ids for r in a] == [r.response_ids for r in b]
+    assert [r.response_ids for r in a] != [r.response_ids for r in c]
+
+
+@pytest.mark.parametrize("which", ["char_agent", "bpe_agent"])
+def test_batched_greedy_equals_unbatched_greedy_without_cache(which, request):
+    """Left padding, the KV cache and dropping finished rows change nothing: compare with a plain loop."""
+    agent = request.getfixturevalue(which)
+    prompts = ["1+2", "9*9*9-8", "4", "5*6+7*8"]  # different lengths -> different left padding
+    batched = generate(agent, prompts, n=1, temperature=0.0, max_new_tokens=20, batch_size=3)
+    for prompt, rollout in zip(prompts, batched):
+        ids = agent.encode_prompt(prompt)
+        response: list[int] = []
+        with torch.no_grad():
+            for _ in range(20):
+                logits = agent.model(input_ids=torch.tensor([ids + response])).logits[0, -1]
+                response.append(int(logits.argmax()))
+                if response[-1] == agent.eos_token_id:
+                    break
+        assert rollout.response_ids == response
+
+
+def test_generate_rejects_context_overflow_and_bad_settings(char_agent):
+    with pytest.raises(ValueError, match=r"exceeds the model's context of 256"):
+        generate(char_agent, ["1+1"], max_new_tokens=300)
+    with pytest.raises(ValueError, match=r"top_p in \(0, 1\]"):
+        generate(char_agent, ["1+1"], top_p=1.5)
+    assert generate(char_agent, []) == []
+
+
+def test_top_p_keeps_the_nucleus_only():
+    logits_B_V = torch.log(torch.tensor([[0.6, 0.3, 0.1], [0.1, 0.2, 0.7]]))
+    gen = torch.Generator().manual_seed(0)
+    picks = torch.stack([_pick_B(logits_B_V, 1.0, 0.5, gen) for _ in range(50)])
+    assert (picks[:, 0] == 0).all() and (picks[:, 1] == 2).all()
+    picks = torch.stack([_pick_B(logits_B_V, 1.0, 0.85, gen) for _ in range(200)])
+    assert set(picks[:, 0].tolist()) == {0, 1}  # 0.6 + 0.3 covers 0.85; the 0.1 token is cut
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Scoring and log-probs
+
+
+def _direct_logps(agent, prompt_ids, response_ids, temperature):
+    ids = torch.tensor([prompt_ids + response_ids])
+    with torch.no_grad():
+        logits = agent.model(input_ids=ids).logits[0].double() / temperature
+    logp = torch.log_softmax(logits, -1)
+    start = len(prompt_ids)
+    return [float(logp[start - 1 + i, t]) for i, t in enumerate(response_ids)]
+
+
+def test_score_rollouts_matches_a_direct_forward_at_the_sampling_temperature(bpe_agent):
+    rollouts = generate(bpe_agent, PROMPTS, n=2, seed=1, temperature=0.7)
+    score_rollouts(bpe_agent, rollouts, temperature=0.7, micro_batch_size=4)
+    for r in rollouts:
+        expected = _direct_logps(bpe_agent, r.prompt_ids, r.response_ids, 0.7)
+        assert r.old_logp_count == len(r.response_ids)
+        assert r.old_logp_sum == pytest.approx(sum(expected), abs=1e-3)
+
+
+def test_token_logprobs_alignment_and_mask(char_agent):
+    rollouts = generate(char_agent, PROMPTS, n=1, seed=2, max_new_tokens=12)
+    batch = self_token_batch(rollouts, char_agent.pad_token_id)
+    logp_B_T, mask_B_T = token_logprobs(char_agent, batch, temperature=1.0)
+    assert logp_B_T.shape == mask_B_T.shape == (len(rollouts), batch.input_ids_B_T.shape[1] - 1)
+    for b, r in enumerate(rollouts):
+        start = len(r.prompt_ids) - 1
+        expected = _direct_logps(char_agent, r.prompt_ids, r.response_ids, 1.0)
+        got = logp_B_T[b, start : start + len(r.response_ids)]
+        assert torch.allclose(got.double(), torch.tensor(expected, dtype=torch.float64), atol=1e-4)
+        assert mask_B_T[b].sum() == len(r.response_ids)
+        assert mask_B_T[b, start : start + len(r.response_ids)].all()
+
+
+@pytest.mark.parametrize("which", ["char_agent", "bpe_agent"])
+def test_on_policy_self_samples_have_sequence_ratio_one(which, request):
+    agent = request.getfixturevalue(which)
+    rollouts = generate(agent, PROMPTS, n=4, seed=3)
+    score_rollouts(agent, rollouts)
+    batch, counts = build_training_batch(agent, rollouts, learner_index=0)
+    assert counts["self"] == len(rollouts) and counts["reencoded"] == 0
+    new_mean_B = sequence_logprobs(agent, batch)
+    old_mean_B = torch.tensor([r.old_logp_mean for r in rollouts], dtype=new_mean_B.dtype)
+    ratio_B = torch.exp(new_mean_B.detach() - old_mean_B)
+    assert torch.allclose(ratio_B, torch.ones_like(ratio_B), rtol=0, atol=1e-6)
+    assert new_mean_B.requires_grad
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Training: full fine-tuning, LoRA, 4-bit
+
+
+def _train_steps(agent, steps=3, lr=1e-2):
+    rollouts = generate(agent, PROMPTS, n=2, seed=4, max_new_tokens=16)
+    batch, _ = build_training_batch(agent, rollouts, learner_index=0)
+    optimizer = torch.optim.AdamW(agent.trainable_parameters(), lr=lr)
+    for _ in range(steps):
+        loss = -sequence_logprobs(agent, batch).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return batch
+
+
+def test_lora_moves_adapters_only_and_state_dict_round_trips(bpe_agent_dir):
+    agent = load_agent({"model": str(bpe_agent_dir), "lora": {"r": 4, "alpha": 8}})
+    before = {k: v.detach().clone() for k, v in agent.model.named_parameters()}
+    adapter_before = agent.trainable_state_dict()
+    assert adapter_before and all("lora_" in k for k in adapter_before)
+    batch = _train_steps(agent)
+    for name, param in agent.model.named_parameters():
+        if "lora_" not in name:
+            assert torch.equal(before[name], param.detach()), f"base weight {name} moved"
+    assert any("lora_B" in n and not torch.equal(before[n], p) for n, p in agent.model.named_parameters())
+    # the reference is the base model: adapters disabled (lora_B started at zero)
+    ref_logp, _ = reference_token_logprobs(agent, batch)
+    fresh = load_agent(str(bpe_agent_dir))
+    base_logp, _ = token_logprobs(fresh, batch)
+    assert torch.allclose(ref_logp, base_logp.detach(), atol=1e-5)
+    # checkpoint round trip
+    trained = agent.trainable_state_dict()
+    agent.load_trainable_state_dict(adapter_before)
+    assert torch.allclose(token_logprobs(agent, batch)[0], base_logp, atol=1e-5)
+    agent.load_trainable_state_dict(trained)
+    assert not torch.allclose(token_logprobs(agent, batch)[0], base_logp, atol=1e-3)
+
+
+def test_full_finetune_reference_is_the_initial_model(char_agent_dir):
+    agent = load_agent(str(char_agent_dir))
+    assert len(agent.trainable_parameters()) == len(list(agent.model.parameters()))
+    batch = _train_steps(agent, steps=2)
+    initial = load_agent(str(char_agent_dir))
+    ref_logp, _ = reference_token_logprobs(agent, batch, micro_batch_size=2)
+    init_logp, _ = token_logprobs(initial, batch)
+    assert torch.allclose(ref_logp, init_logp.detach(), atol=1e-5)
+    assert not torch.allclose(token_logprobs(agent, batch)[0].detach(), init_logp.detach(), atol=1e-3)
+    assert set(agent.trainable_state_dict()) == set(agent.model.state_dict())
+
+
+def _lora_grads(agent, batch):
+    agent.model.zero_grad()
+    (-sequence_logprobs(agent, batch).mean()).backward()
+    return {n: p.grad.clone() for n, p in agent.model.named_parameters() if p.grad is not None}
+
+
+def test_4bit_lora_loads_on_cpu_and_trains_with_correct_gradients(bpe_agent_dir):
+    import bitsandbytes as bnb
+
+    spec = {"model": str(bpe_agent_dir), "quantization": "4bit", "lora": {"r": 4}}
+    agent = load_agent(spec)
+    assert any(isinstance(m, bnb.nn.Linear4bit) for m in agent.model.modules())
+    rollouts = generate(agent, PROMPTS, n=2, seed=5, max_new_tokens=12)  # no-grad eval passes first
+    score_rollouts(agent, rollouts)
+    batch, _ = build_training_batch(agent, rollouts, learner_index=0)
+    grads = _lora_grads(agent, batch)
+    # Same gradients as a fresh copy that never ran a no-grad pass: no silent switch to a non-autograd kernel.
+    fresh_grads = _lora_grads(load_agent(spec), batch)
+    assert grads.keys() == fresh_grads.keys()
+    for name in grads:
+        assert torch.allclose(grads[name], fresh_grads[name], atol=1e-6), name
+    lowest = [n for n in grads if "layers.0." in n and "lora_B" in n]
+    assert lowest and all(grads[n].abs().sum() > 0 for n in lowest)
+    before = {k: v.clone() for k, v in agent.trainable_state_dict().items()}
+    _train_steps(agent, steps=1)
+    assert any(not torch.equal(before[k], v) for k, v in agent.trainable_state_dict().items())
+
+
+def test_8bit_lora_loads_and_generates_without_warning_spam(bpe_agent_dir, caplog):
+    agent = load_agent({"model": str(bpe_agent_dir), "quantization": "8bit", "lora": {"r": 4}})
+    with caplog.at_level("WARNING"):
+        rollouts = generate(agent, PROMPTS[:1], n=2, seed=0, max_new_tokens=8)
+    assert len(rollouts) == 2
+    assert not [r for r in caplog.records if "inputs will be cast" in r.getMessage()]
+
+
+@pytest.mark.gpu
+def test_agent_on_cuda_generates_and_scores(bpe_agent_dir):
+    agent = load_agent({"model": str(bpe_agent_dir), "device": "cuda", "dtype": "float32"})
+    rollouts = generate(agent, PROMPTS, n=2, seed=0)
+    score_rollouts(agent, rollouts)
+    assert agent.device.type == "cuda" and all(math.isfinite(r.old_logp_sum) for r in rollouts)
