@@ -116,15 +116,23 @@ def execute_notebook(
     return target
 
 
-def run_quickstart(smoke: bool = False, out_dir: str | Path = "results/quickstart") -> dict[str, Any]:
+def run_quickstart(
+    smoke: bool = False, out_dir: str | Path = "results/quickstart", results_root: str | Path = "results"
+) -> dict[str, Any]:
     """The main job: execute ``01_quickstart.ipynb`` and return its table and the files it wrote.
+
+    Args:
+        smoke: A few tiny steps (CI).
+        out_dir: Where the executed notebook, tables and figures go.
+        results_root: Root of the run directories.
 
     Returns:
         ``{"table": DataFrame (per agent: initial, gspo, hacpo, gain), "files": [paths], "notebook": path}``.
     """
     out_dir = (ROOT / out_dir) if not Path(out_dir).is_absolute() else Path(out_dir)
     before = set(out_dir.rglob("*")) if out_dir.exists() else set()
-    notebook = execute_notebook("01_quickstart.ipynb", out_dir, {"smoke": smoke, "out_dir": str(out_dir)})
+    params = {"smoke": smoke, "out_dir": str(out_dir), "results_root": str(results_root)}
+    notebook = execute_notebook("01_quickstart.ipynb", out_dir, params)
     table = pd.read_csv(out_dir / "accuracy.csv", index_col="agent")
     files = sorted(p for p in out_dir.rglob("*") if p.is_file() and (p not in before or p == notebook))
     return {"table": table, "files": files, "notebook": notebook}

@@ -1,0 +1,126 @@
+"""Notebooks: the thin-notebook contract (by parsing), and every notebook executed headless in smoke mode.
+
+The execution tests read the files the notebooks wrote (tables, figures, index), not the notebooks' outputs.
+"""
+
+import ast
+import json
+import sys
+from pathlib import Path
+
+import nbformat
+import pandas as pd
+import papermill
+import pytest
+
+from workbench import runner
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+ALLOWED_IMPORTS = {"workbench", "IPython", *sys.stdlib_module_names}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def tiny_cache(tmp_path_factory):
+    """Kernels inherit the environment: tiny agents with a short warm start in a private cache."""
+    patch = pytest.MonkeyPatch()
+    patch.setenv("HACPO_CACHE", str(tmp_path_factory.mktemp("cache")))
+    patch.setenv("HACPO_TINY_WARM_STEPS", "30")
+    yield
+    patch.undo()
+
+
+def _code_cells(path: Path) -> list:
+    return [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+
+
+def test_every_issue_notebook_exists():
+    names = {p.stem.split("_")[0] for p in NOTEBOOKS}
+    assert {"01", "02", "03", "04", "05"} <= names
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_thin_notebook_contract(path):
+    cells = _code_cells(path)
+    params = [c for c in cells if "parameters" in c.metadata.get("tags", [])]
+    assert len(params) == 1, "exactly one cell tagged 'parameters'"
+    # The parameters cell: only `name = literal  # help` lines (papermill --help-notebook lists them).
+    for node in ast.parse(params[0].source).body:
+        assert isinstance(node, ast.Assign) and len(node.targets) == 1, ast.dump(node)
+        ast.literal_eval(node.value)  # a literal, never derived from another parameter
+    for line in params[0].source.splitlines():
+        assert "  # " in line, f"parameter without a trailing help comment: {line!r}"
+    for cell in cells:
+        assert not cell.outputs and cell.execution_count is None, "commit notebooks with outputs stripped"
+        for node in ast.walk(ast.parse(cell.source)):
+            assert not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda)
+            if isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                modules = [node.module or ""]
+            else:
+                continue
+            for module in modules:
+                assert module.split(".")[0] in ALLOWED_IMPORTS, f"{path.name} imports {module}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_help_notebook_documents_every_parameter(path):
+    params = papermill.inspect_notebook(str(path))
+    assert params and all(p["help"] for p in params.values()), params
+    assert "smoke" in params
+
+
+def test_quickstart_smoke_writes_table_and_figures(tmp_path):
+    out = runner.run_quickstart(smoke=True, out_dir=tmp_path / "quickstart", results_root=tmp_path / "runs")
+    table = pd.read_csv(tmp_path / "quickstart" / "accuracy.csv", index_col="agent")
+    assert list(table.index) == ["gpt2-char", "llama-bpe"]
+    assert {"initial", "hacpo", "gspo"} <= set(table.columns)
+    assert table[["initial", "hacpo", "gspo"]].apply(lambda c: c.between(0, 1)).all().all()
+    assert (tmp_path / "quickstart" / "accuracy.tex").read_text().count("\\\\") >= 2
+    for figure in ("train_acc", "capability", "ratios"):
+        for suffix in ("png", "svg", "html"):
+            assert (tmp_path / "quickstart" / f"{figure}.{suffix}").stat().st_size > 500
+    assert (tmp_path / "quickstart" / "01_quickstart.ipynb").is_file()
+    assert out["table"].equals(table)
+
+
+def test_reproduce_smoke_runs_every_job_and_indexes_it(tmp_path):
+    index = runner.reproduce(smoke=True, results_root=tmp_path)
+    root = tmp_path / "smoke"
+    assert index == root / "index.md"
+    text = index.read_text()
+    for job in runner.JOBS:
+        assert f"## {job}" in text
+        assert (root / job / runner.JOBS[job].notebook).is_file()
+    table1 = pd.read_csv(root / "benchmarks" / "table1.csv")
+    methods = " ".join(table1.iloc[:, :2].astype(str).agg(" ".join, axis=1))
+    for method in ("GRPO", "GSPO", "Naive", "HACPO"):
+        assert method in methods, methods
+    assert "AVG" in table1.columns
+    assert (root / "benchmarks" / "figure3.svg").stat().st_size > 500
+    assert (root / "ablations" / "table4.csv").is_file()
+    assert (root / "ablations" / "table6.csv").is_file()
+    assert (root / "ablations" / "figure4.png").stat().st_size > 500
+    assert (root / "figures" / "table1.csv").is_file()
+    # Re-running skips finished runs: no new run directory appears.
+    before = sorted(p for p in (root / "runs").rglob("config.yaml"))
+    runner.reproduce(smoke=True, only=["benchmarks"], results_root=tmp_path)
+    assert sorted(p for p in (root / "runs").rglob("config.yaml")) == before
+
+
+def test_reproduce_rejects_unknown_job():
+    with pytest.raises(ValueError, match="unknown job 'tables'; valid names"):
+        runner.reproduce(smoke=True, only=["tables"])
+
+
+def test_tune_notebook_executes_headless(tmp_path):
+    target = runner.execute_notebook(
+        "02_tune_hacpo.ipynb",
+        tmp_path,
+        {"smoke": True, "out_dir": str(tmp_path), "results_root": str(tmp_path / "runs")},
+    )
+    executed = json.loads(target.read_text())
+    errors = [o for c in executed["cells"] for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    assert not errors
+    assert (tmp_path / "cross_weight.csv").is_file()
