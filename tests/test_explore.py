@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import pandas as pd
 import pytest
@@ -151,3 +153,24 @@ def test_metrics_frame_matches_the_load_runs_shape():
     assert math.isnan(frame.loc[1, "eval/acc/a"]) and frame.loc[1, "omega/a/b"] == 2.0
     with pytest.raises(ValueError, match=r"metrics record 1 has step = 'x'"):
         metrics_frame([{"step": 0}, {"step": "x"}])
+
+
+def test_heavy_imports_stay_at_the_edges():
+    """explore: torch + pandas only; tables: pandas only; plots: + altair. Two fresh interpreters."""
+    code = """
+import sys
+def loaded(names):
+    return [m for m in names if m in sys.modules]
+import workbench.tables
+print("tables", loaded(["altair", "ipywidgets", "torch"]))
+import workbench.plots
+print("plots", loaded(["ipywidgets", "torch"]))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[:2] == ["tables []", "plots []"]
+    code = (
+        "import sys, workbench.explore\n"
+        "print([m for m in ('altair', 'ipywidgets', 'peft', 'transformers') if m in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
