@@ -7,8 +7,9 @@ re-encoded as the HACPO authors' verl-v1 port does:
 1. the text is the source's decoded response, special tokens skipped and terminal EOS stripped
    (``Rollout.text``);
 2. the prompt is re-encoded with the learner's prompt format (`Agent.encode_prompt`);
-3. the response is ``learner.tokenizer.encode(text, add_special_tokens=False)``, plus the learner's EOS when
-   the source finished with EOS (an EOS-only response becomes the learner's EOS alone);
+3. the response is ``learner.tokenizer.encode(text, add_special_tokens=False)`` (special-token strings in the
+   text stay plain text), plus the learner's EOS when the source finished with EOS (an EOS-only response
+   becomes the learner's EOS alone);
 4. the source's old log-prob sum and count travel with the rollout (they are never recomputed).
 
 Characters the learner's vocabulary lacks (a byte-level BPE source vs a character-level learner) become the
@@ -109,7 +110,12 @@ def reencode_response(learner: Agent, rollout: Rollout) -> tuple[list[int], list
     """
     tokenizer = learner.tokenizer
     prompt_ids = learner.encode_prompt(rollout.prompt)
-    body = list(tokenizer.encode(rollout.text, add_special_tokens=False)) if rollout.text else []
+    # split_special_tokens: a literal "<eos>" in the text is text, never the learner's special token
+    body = (
+        tokenizer.encode(rollout.text, add_special_tokens=False, split_special_tokens=True)
+        if rollout.text
+        else []
+    )
     unk_id = getattr(tokenizer, "unk_token_id", None)
     unknown = sum(1 for t in body if t == unk_id) if unk_id is not None else 0
     lossy = int(bool(body) and tokenizer.decode(body, skip_special_tokens=False) != rollout.text)
