@@ -15,7 +15,7 @@ import pandas as pd
 from workbench.config import ALGORITHMS, ConfigError, load_experiment
 from workbench.results import load_evals
 
-__all__ = ["accuracy_table", "run_comparison", "run_experiments"]
+__all__ = ["ShortRun", "accuracy_table", "run_comparison", "run_experiments"]
 
 
 def run_comparison(
@@ -114,3 +114,42 @@ def accuracy_table(runs: dict[str, Path], metric: str = "greedy_acc") -> pd.Data
             table[f"{algorithm} − {names[-1]}"] = table[algorithm] - table[names[-1]]
     table.index.name = "agent"
     return table
+
+
+_TUNING_KEYS = ("alpha", "delta", "delta_step", "window", "min_ratio", "max_ratio")
+
+
+class ShortRun:
+    """The "launch short run" callable of ``widgets.TuningPanel``: trains ``config`` with the panel's values.
+
+    Args:
+        config: Experiment YAML.
+        overrides: Extra overrides (e.g. ``runner.run_overrides(smoke, results_root)``).
+        on_step: Receives each step's metrics; :meth:`attach` sets it to a monitor's ``on_step``.
+    """
+
+    def __init__(
+        self,
+        config: str | Path,
+        *,
+        overrides: list[str] | dict[str, Any] | None = None,
+        on_step: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
+        self.config, self.overrides, self.on_step = config, _as_dict(overrides), on_step
+        self.run_dir: Path | None = None
+
+    def attach(self, monitor: Any) -> ShortRun:
+        """Stream the run into ``monitor.on_step`` (a ``widgets.RunMonitor``)."""
+        self.on_step = monitor.on_step
+        return self
+
+    def __call__(self, params: dict[str, Any]) -> Path:
+        """Train with ``params`` (``hacpo`` keys from ``_TUNING_KEYS`` and ``steps``); returns the run dir."""
+        from workbench.trainer import train
+
+        chosen = {f"hacpo.{k}": params[k] for k in _TUNING_KEYS if k in params}
+        if "steps" in params:
+            chosen["train.steps"] = params["steps"]
+        cfg = load_experiment(self.config, {**self.overrides, **chosen})
+        self.run_dir = train(cfg, on_step=self.on_step)
+        return self.run_dir

@@ -16,6 +16,8 @@ from typing import Any
 import pandas as pd
 
 from workbench import plots, tables
+from workbench.explore import capability_table, cross_weight_table
+from workbench.io import atomic_write_text
 from workbench.results import find_run_dirs, load_evals, load_runs
 
 __all__ = [
@@ -24,6 +26,7 @@ __all__ = [
     "benchmark_report",
     "quickstart_report",
     "save_accuracy_table",
+    "tuning_report",
 ]
 
 log = logging.getLogger(__name__)
@@ -146,3 +149,34 @@ def _methods(runs: list[Path]) -> dict[Path, str]:
     """Method label of each run directory (from ``load_runs``' id columns)."""
     df = load_runs(runs)
     return {Path(r): m for r, m in zip(df["run_dir"], df["algorithm"])}
+
+
+def tuning_report(
+    params: dict[str, Any], accuracies: list[float], out_dir: str | Path, *, n_minibatches: int = 4
+) -> Report:
+    """What HACPO's knobs do, without training: cross-sample weights per mini-batch, P̂, ω and baselines.
+
+    Args:
+        params: ``alpha, delta, delta_step, window, min_ratio, max_ratio`` (e.g. ``TuningPanel.params()``).
+        accuracies: One accuracy per agent.
+        out_dir: Where ``cross_weight.csv``, ``capability_*.csv`` and the weight chart go.
+        n_minibatches: Mini-batches per learner per step.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summary = capability_table(
+        [[a] for a in accuracies],
+        window=params["window"],
+        min_ratio=params["min_ratio"],
+        max_ratio=params["max_ratio"],
+    )
+    coefs = {f"{r.learner} ← {r.source}": r.cross_coef for r in summary.omega.itertuples()}
+    weights = cross_weight_table(params["alpha"], params["delta"], params["delta_step"], coefs, n_minibatches)
+    report = Report(tables={"cross_weight": weights, "p_hat": summary.p_hat, "omega": summary.omega})
+    report.tables["baselines"] = summary.baselines
+    for name, table in report.tables.items():
+        path = out_dir / (f"{name}.csv" if name == "cross_weight" else f"capability_{name}.csv")
+        atomic_write_text(path, table.to_csv(index=False))
+        report.files.append(path)
+    report.add_chart("cross_weight", plots.cross_weight_chart, weights, out_dir=out_dir)
+    return report
