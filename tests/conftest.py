@@ -44,10 +44,10 @@ def char_agent_dir(hacpo_cache):
 
 @pytest.fixture(scope="session")
 def bpe_agent_dir(hacpo_cache):
-    """Model directory of ``tiny:llama-bpe-small`` (Llama, byte-level BPE), briefly warm-started."""
+    """Model directory of ``tiny:llama-bpe`` (Llama, byte-level BPE), briefly warm-started."""
     from workbench.zoo import build_tiny
 
-    return build_tiny("llama-bpe-small")
+    return build_tiny("llama-bpe")
 
 
 @pytest.fixture(scope="session")

@@ -72,17 +72,17 @@ def test_builds_are_cached_and_carry_a_card(char_agent_dir):
 
 
 def test_build_is_deterministic_and_rebuilt_when_missing(tmp_path):
-    first = build_tiny("llama-bpe-small", cache_dir=tmp_path / "a", warm_steps=3)
-    second = build_tiny("llama-bpe-small", cache_dir=tmp_path / "b", warm_steps=3)
+    first = build_tiny("llama-bpe", cache_dir=tmp_path / "a", warm_steps=3)
+    second = build_tiny("llama-bpe", cache_dir=tmp_path / "b", warm_steps=3)
     weights_a, weights_b = load_file(first / "model.safetensors"), load_file(second / "model.safetensors")
     assert weights_a.keys() == weights_b.keys()
     assert all(torch.equal(weights_a[k], weights_b[k]) for k in weights_a)
     assert (first / "tokenizer.json").read_text() == (second / "tokenizer.json").read_text()
     assert read_card(first)["initial_greedy_accuracy"] == read_card(second)["initial_greedy_accuracy"]
-    other = build_tiny("llama-bpe-small", cache_dir=tmp_path / "a", warm_steps=4)
-    assert other != first and tiny_dir("llama-bpe-small", cache_dir=tmp_path / "a", warm_steps=4) == other
+    other = build_tiny("llama-bpe", cache_dir=tmp_path / "a", warm_steps=4)
+    assert other != first and tiny_dir("llama-bpe", cache_dir=tmp_path / "a", warm_steps=4) == other
     shutil.rmtree(first)  # a deleted build is rebuilt on the next request
-    assert build_tiny("llama-bpe-small", cache_dir=tmp_path / "a", warm_steps=3) == first
+    assert build_tiny("llama-bpe", cache_dir=tmp_path / "a", warm_steps=3) == first
     assert (first / "card.json").is_file()
 
 
@@ -95,7 +95,7 @@ def test_tiny_model_string_builds_in_the_session_cache(hacpo_cache):
 @pytest.mark.slow
 def test_full_warm_start_gives_nonzero_but_imperfect_accuracy(tmp_path, monkeypatch):
     monkeypatch.delenv("HACPO_TINY_WARM_STEPS", raising=False)
-    path = build_tiny("llama-bpe-small", cache_dir=tmp_path)
+    path = build_tiny("llama-bpe", cache_dir=tmp_path)
     card = read_card(path)
-    assert card["warm_steps"] == TINY_PRESETS["llama-bpe-small"].warm_steps
+    assert card["warm_steps"] == TINY_PRESETS["llama-bpe"].warm_steps
     assert 0.05 <= card["initial_greedy_accuracy"] <= 0.8, card

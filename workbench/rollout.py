@@ -30,6 +30,28 @@ from workbench.types import Rollout
 if TYPE_CHECKING:
     from workbench.agents import Agent
 
+DEFAULT_BATCH_ROWS = 256
+"""Most rows `generate` samples together by default (one typical step's prompts x G)."""
+KV_CACHE_BUDGET_BYTES = 4 << 30
+"""Default rows are also capped so that the KV cache stays under this (SmolLM2 fp32: 46 kB per token)."""
+
+
+def _kv_bytes_per_token(model: Any) -> int:
+    """KV-cache bytes per token: layers x 2 x kv heads x head dim x element size (from the config)."""
+    config = model.config
+    layers = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layer", 1)
+    hidden = getattr(config, "hidden_size", None) or getattr(config, "n_embd", 1)
+    heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_head", 1)
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    return layers * 2 * kv_heads * head_dim * model.dtype.itemsize
+
+
+def default_batch_rows(agent: Agent, longest_prompt: int, max_new_tokens: int) -> int:
+    """Rows per sampling batch: `DEFAULT_BATCH_ROWS`, fewer when the KV cache would pass its budget."""
+    per_row = _kv_bytes_per_token(agent.model) * (longest_prompt + max_new_tokens)
+    return max(1, min(DEFAULT_BATCH_ROWS, KV_CACHE_BUDGET_BYTES // per_row))
+
 
 def _pick_B(
     logits_B_V: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None
@@ -150,7 +172,7 @@ def generate(
         max_new_tokens: Response cap; None = ``agent.max_new_tokens``.
         author: Agent index copied into every rollout.
         seed: Seeds a private generator (same seed, same samples); None = torch's global RNG.
-        batch_size: Rows per forward batch; None = all ``len(prompts) * n`` rows at once.
+        batch_size: Rows sampled together (KV cache memory grows with it); None = `default_batch_rows`.
 
     Returns:
         Rollouts, prompt-major (prompt 0's n samples, then prompt 1's...), ``prompt_index`` = index in
@@ -174,7 +196,7 @@ def generate(
     generator = None
     if seed is not None:
         generator = torch.Generator(device=agent.device).manual_seed(seed)
-    size = batch_size or len(rows)
+    size = batch_size or default_batch_rows(agent, max(len(p) for p in encoded), max_new_tokens)
     rollouts = []
     for start in range(0, len(rows), size):
         chunk = rows[start : start + size]
