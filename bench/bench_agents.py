@@ -1,12 +1,13 @@
 """Agent throughput on this machine: rollouts, scoring forward/backward, memory and FLOP/s utilization.
 
-For a tiny agent (``tiny:gpt2-char``) and the embedded SmolLM2-135M it prints:
+For a tiny agent (``tiny:llama-bpe``: Llama layers, which 4-bit quantizes) and the embedded SmolLM2-135M it
+prints:
 
 - rollout tokens/s of `workbench.rollout.generate` at batch 64 vs plain ``model.generate`` on the same batch
   (same prompts, left padding, KV cache, temperature 1, same response cap) and their ratio;
 - scoring forward+backward throughput (`sequence_logprobs` + ``backward``) for full fine-tuning in fp32, LoRA
-  and 4-bit LoRA, with each configuration's peak resident memory (every configuration runs in its own
-  process, so peaks do not mix);
+  and 4-bit LoRA, with each configuration's weight memory (``get_memory_footprint``) and the process's peak
+  resident memory (loading included; every configuration runs in its own process, so peaks do not mix);
 - achieved FLOP/s as a fraction of this machine's measured fp32 matmul peak. FLOPs are estimated as
   2·N per token for a forward pass, 6·N for forward+backward with weight gradients (full fine-tuning) and
   4·N with LoRA/4-bit (input gradients only; adapters are negligible), N = non-embedding parameters.
@@ -28,7 +29,7 @@ import time
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-MODELS = {"tiny": "tiny:gpt2-char", "smollm2": "smollm2-135m-instruct"}
+MODELS = {"tiny": "tiny:llama-bpe", "smollm2": "smollm2-135m-instruct"}
 SCORE_BATCH = {"tiny": 64, "smollm2": 8}
 NEW_TOKENS = {"tiny": 48, "smollm2": 32}
 MODES = {"fp32": {}, "lora": {"lora": {"r": 16}}, "4bit-lora": {"lora": {"r": 16}, "quantization": "4bit"}}
@@ -112,6 +113,7 @@ def worker_score(which: str, mode: str, repeats: int) -> dict:
         "tok_s": tokens / statistics.median(times),
         "flops": per_token * _non_embedding_params(agent.model) * tokens / statistics.median(times),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "weights_mb": agent.model.get_memory_footprint() / 2**20,
         "batch": f"{len(batch)} x {batch.input_ids_B_T.shape[1]}",
     }
 
@@ -160,13 +162,14 @@ def main() -> None:
         util = 2 * r["params"] * r["ours_tok_s"] / peak
         ratio = r["ours_tok_s"] / r["hf_tok_s"]
         print(f"{which:8} {r['ours_tok_s']:15.0f} {r['hf_tok_s']:15.0f} {ratio:6.2f} {util:6.1%}", flush=True)
-    print(f"\n{'model':8} {'mode':10} {'batch':>9} {'fwd+bwd tok/s':>14} {'peak RSS MB':>12} {'util':>6}")
+    header = ["batch".rjust(9), "fwd+bwd tok/s".rjust(14), "weights MB".rjust(11), "peak RSS MB".rjust(12)]
+    print(f"\n{'model':8} {'mode':10} {' '.join(header)} {'util':>6}")
     for which in models:
         for mode in MODES:
             r = _run("score", which, mode)
             print(
-                f"{which:8} {mode:10} {r['batch']:>9} {r['tok_s']:14.0f} {r['peak_rss_mb']:12.0f} "
-                f"{r['flops'] / peak:6.1%}",
+                f"{which:8} {mode:10} {r['batch']:>9} {r['tok_s']:14.0f} {r['weights_mb']:11.1f} "
+                f"{r['peak_rss_mb']:12.0f} {r['flops'] / peak:6.1%}",
                 flush=True,
             )
 

@@ -320,3 +320,10 @@ def test_gradient_checkpointing_gives_the_same_logprobs_and_gradients(bpe_agent_
     assert grads[0].keys() == grads[1].keys()
     assert all(torch.allclose(grads[0][n], grads[1][n], atol=1e-6) for n in grads[0])
     assert not checkpointed.model.training  # back in eval mode after the gradient pass
+
+
+def test_quantizing_a_conv1d_model_warns_that_nothing_was_quantized(char_agent_dir, caplog):
+    with caplog.at_level("WARNING", logger="workbench.agents"):
+        agent = load_agent({"model": str(char_agent_dir), "quantization": "4bit", "lora": {"r": 2}})
+    assert "no layer" in caplog.text and "Conv1D" in caplog.text
+    assert agent.trainable_parameters() and all("lora_" in k for k in agent.trainable_state_dict())

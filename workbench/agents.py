@@ -250,6 +250,15 @@ def _load_model(spec: AgentSpec, source: str, device: torch.device) -> Any:
     if spec.quantization != "none":
         from peft import prepare_model_for_kbit_training
 
+        if not any(
+            "Linear4bit" in type(m).__name__ or "Linear8bit" in type(m).__name__ for m in model.modules()
+        ):
+            logger.warning(
+                "quantization=%s: no layer of %s was quantized (bitsandbytes replaces nn.Linear only; GPT-2 "
+                "uses Conv1D), so the model stays in full precision",
+                spec.quantization, source,
+            )  # fmt: skip
+
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=spec.gradient_checkpointing)
     elif spec.gradient_checkpointing:
         model.gradient_checkpointing_enable()
