@@ -254,8 +254,8 @@ def _load_model(spec: AgentSpec, source: str, device: torch.device) -> Any:
             "Linear4bit" in type(m).__name__ or "Linear8bit" in type(m).__name__ for m in model.modules()
         ):
             logger.warning(
-                "quantization=%s: no layer of %s was quantized (bitsandbytes replaces nn.Linear only; GPT-2 "
-                "uses Conv1D), so the model stays in full precision",
+                "quantization=%s: no layer of %s was quantized (bitsandbytes replaces linear layers only), "
+                "so the model stays in full precision",
                 spec.quantization, source,
             )  # fmt: skip
 
