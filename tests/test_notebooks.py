@@ -20,16 +20,6 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 ALLOWED_IMPORTS = {"workbench", "IPython", *sys.stdlib_module_names}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def tiny_cache(tmp_path_factory):
-    """Kernels inherit the environment: tiny agents with a short warm start in a private cache."""
-    patch = pytest.MonkeyPatch()
-    patch.setenv("HACPO_CACHE", str(tmp_path_factory.mktemp("cache")))
-    patch.setenv("HACPO_TINY_WARM_STEPS", "30")
-    yield
-    patch.undo()
-
-
 def _code_cells(path: Path) -> list:
     return [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
 

@@ -36,16 +36,6 @@ TINY = {
 }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def tiny_cache(tmp_path_factory):
-    """Tiny agents built once per module with a short warm start, in a private cache."""
-    patch = pytest.MonkeyPatch()
-    patch.setenv("HACPO_CACHE", str(tmp_path_factory.mktemp("cache")))
-    patch.setenv("HACPO_TINY_WARM_STEPS", "30")
-    yield
-    patch.undo()
-
-
 def _config(tmp_path, agents=("tiny:gpt2-char", "tiny:llama-bpe"), **top):
     data = {"experiment": "t", "agents": list(agents), "output": {"root": str(tmp_path)}, **TINY} | top
     return from_dict(data)
@@ -193,3 +183,30 @@ def test_samples_record_rewards_advantages_and_ratios(tmp_path):
     learners = {k for row in rows for k in row if k.startswith("learner/")}
     assert learners == {"learner/gpt2-char", "learner/llama-bpe"}
     assert {"advantage", "ratio", "lower_bound"} <= set(rows[0]["learner/gpt2-char"])
+
+
+def test_one_step_of_the_smollm2_config(tmp_path, smollm2_dir):
+    """The embedded real-model config runs a HACPO step with LoRA on CPU.
+
+    Gemma-3 is an optional extra, so its seat goes to a tiny BPE agent: still a heterogeneous-model pair.
+    """
+    cfg = load_experiment(
+        ROOT / "experiments" / "smollm2_gemma3.yaml",
+        {
+            "agents.1": {"name": "llama-bpe", "model": "tiny:llama-bpe"},
+            "train.steps": 1,
+            "train.prompts_per_step": 2,
+            "train.group_size": 2,
+            "train.minibatch_prompts": 1,
+            "train.max_new_tokens": 8,
+            "task.eval_size": 2,
+            "output.root": str(tmp_path),
+        },
+    )
+    run_dir = train(cfg)
+    df = load_runs([run_dir])
+    assert list(df["step"]) == [0, 1]
+    assert df["is/smollm2/smollm2/ratio_mean"].iloc[-1] == pytest.approx(1.0, abs=0.05)
+    assert df["cost/smollm2/trained_responses"].iloc[-1] == 2 * 2 * 2
+    state = load_latest_checkpoint(run_dir)[1]["agent_0"]
+    assert state and all("lora" in key for key in state)  # only the adapters are checkpointed
