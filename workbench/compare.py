@@ -101,7 +101,7 @@ def accuracy_table(runs: dict[str, Path], metric: str = "greedy_acc") -> pd.Data
     evals = evals[evals["metric"] == metric]
     table = pd.DataFrame()
     for algorithm, run_dir in runs.items():
-        rows = evals[evals["run_dir"].astype(str) == str(run_dir)]
+        rows = evals[evals["run_dir"].map(lambda d: Path(d).resolve()) == Path(run_dir).resolve()]
         if rows.empty:
             continue
         by_step = rows.groupby(["agent", "step"])["value"].mean().unstack("step")
