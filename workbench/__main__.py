@@ -41,7 +41,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from workbench.runner import run_quickstart
 
     start = time.perf_counter()
-    outputs = run_quickstart(smoke=args.smoke)
+    log.info("executing notebooks/01_quickstart.ipynb (HACPO and GSPO; builds the tiny agents on first use)")
+    outputs = run_quickstart(smoke=args.smoke, progress=True)
     table = outputs["table"]
     log.info(
         "\nHeld-out greedy accuracy per agent (initial, after GSPO, after HACPO):\n%s", table.to_string()
@@ -56,7 +57,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _cmd_reproduce(args: argparse.Namespace) -> int:
     from workbench.runner import reproduce
 
-    index = reproduce(smoke=args.smoke, only=args.only or None)
+    index = reproduce(smoke=args.smoke, only=args.only or None, progress=True)
     log.info("index: %s", index)
     return 0
 

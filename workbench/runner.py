@@ -83,7 +83,11 @@ def run_overrides(smoke: bool = False, results_root: str | None = None) -> dict[
 
 
 def execute_notebook(
-    notebook: str | Path, out_dir: str | Path, parameters: dict[str, Any] | None = None
+    notebook: str | Path,
+    out_dir: str | Path,
+    parameters: dict[str, Any] | None = None,
+    *,
+    progress: bool = False,
 ) -> Path:
     """Execute ``notebook`` with papermill into ``out_dir/<name>`` (atomically) and return that path.
 
@@ -109,7 +113,7 @@ def execute_notebook(
         parameters=parameters or {},
         kernel_name="python3",
         cwd=str(ROOT),
-        progress_bar=False,
+        progress_bar=progress,  # a cell-level bar: the kernel's own output lands in the executed notebook
     )
     partial.replace(target)
     log.info("executed %s in %.0f s -> %s", source.name, time.perf_counter() - start, target)
@@ -117,7 +121,11 @@ def execute_notebook(
 
 
 def run_quickstart(
-    smoke: bool = False, out_dir: str | Path = "results/quickstart", results_root: str | Path = "results"
+    smoke: bool = False,
+    out_dir: str | Path = "results/quickstart",
+    results_root: str | Path = "results",
+    *,
+    progress: bool = False,
 ) -> dict[str, Any]:
     """The main job: execute ``01_quickstart.ipynb`` and return its table and the files it wrote.
 
@@ -125,6 +133,7 @@ def run_quickstart(
         smoke: A few tiny steps (CI).
         out_dir: Where the executed notebook, tables and figures go.
         results_root: Root of the run directories.
+        progress: Show papermill's cell progress bar.
 
     Returns:
         ``{"table": DataFrame (per agent: initial, gspo, hacpo, gain), "files": [paths], "notebook": path}``.
@@ -132,14 +141,18 @@ def run_quickstart(
     out_dir = (ROOT / out_dir) if not Path(out_dir).is_absolute() else Path(out_dir)
     before = set(out_dir.rglob("*")) if out_dir.exists() else set()
     params = {"smoke": smoke, "out_dir": str(out_dir), "results_root": str(results_root)}
-    notebook = execute_notebook("01_quickstart.ipynb", out_dir, params)
+    notebook = execute_notebook("01_quickstart.ipynb", out_dir, params, progress=progress)
     table = pd.read_csv(out_dir / "accuracy.csv", index_col="agent")
     files = sorted(p for p in out_dir.rglob("*") if p.is_file() and (p not in before or p == notebook))
     return {"table": table, "files": files, "notebook": notebook}
 
 
 def reproduce(
-    smoke: bool = False, only: list[str] | None = None, results_root: str | Path = "results"
+    smoke: bool = False,
+    only: list[str] | None = None,
+    results_root: str | Path = "results",
+    *,
+    progress: bool = False,
 ) -> Path:
     """Execute every ``JOBS`` notebook (or ``only`` those) into ``results/<name>/``; write the index.
 
@@ -147,6 +160,7 @@ def reproduce(
         smoke: Shrink every experiment to seconds (``smoke_overrides``), into ``results/smoke/<name>/``.
         only: Job names to run (default: all), e.g. ``["benchmarks"]``.
         results_root: Root of all outputs.
+        progress: Show papermill's cell progress bars.
 
     Returns:
         The path of ``results/index.md`` (``results/smoke/index.md`` with ``smoke``).
@@ -166,7 +180,7 @@ def reproduce(
             "out_dir": str(out_dir),
             "results_root": str(root / "runs"),
         }
-        execute_notebook(job.notebook, out_dir, params)
+        execute_notebook(job.notebook, out_dir, params, progress=progress)
     return write_index(root)
 
 
