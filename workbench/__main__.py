@@ -45,7 +45,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     outputs = run_quickstart(smoke=args.smoke, progress=True)
     table = outputs["table"]
     log.info(
-        "\nHeld-out greedy accuracy per agent (initial, after GSPO, after HACPO):\n%s", table.to_string()
+        "\nHeld-out greedy accuracy per agent: before training, after each method, and the difference:\n%s",
+        table.round(3).to_string(),
     )
     log.info("\nwrote:")
     for path in outputs["files"]:

@@ -139,11 +139,12 @@ def run_quickstart(
         ``{"table": DataFrame (per agent: initial, gspo, hacpo, gain), "files": [paths], "notebook": path}``.
     """
     out_dir = (ROOT / out_dir) if not Path(out_dir).is_absolute() else Path(out_dir)
-    before = set(out_dir.rglob("*")) if out_dir.exists() else set()
+    before = set(out_dir.iterdir()) if out_dir.exists() else set()
     params = {"smoke": smoke, "out_dir": str(out_dir), "results_root": str(results_root)}
     notebook = execute_notebook("01_quickstart.ipynb", out_dir, params, progress=progress)
     table = pd.read_csv(out_dir / "accuracy.csv", index_col="agent")
-    files = sorted(p for p in out_dir.rglob("*") if p.is_file() and (p not in before or p == notebook))
+    # Tables, figures and the notebook, plus the run directories (not every checkpoint file inside them).
+    files = sorted(p for p in out_dir.iterdir() if p not in before or p == notebook)
     return {"table": table, "files": files, "notebook": notebook}
 
 
