@@ -125,8 +125,9 @@ def ablation_report(run_dirs: Iterable[Path | str] | dict[str, Path], out_dir: s
                 out_dir,
                 "Removing the capability-aware advantage (−Adv, Table 2) or ω in the loss (−ω, Table 3)",
             )
-        alpha_runs = [r for r, m in _methods(runs).items() if m == "hacpo" or m.startswith("hacpo-alpha")]
-        alpha_evals = evals[evals["run_dir"].isin([str(r) for r in alpha_runs])]
+        alpha_evals = evals[
+            (evals["algorithm"] == "hacpo") | evals["algorithm"].str.startswith("hacpo-alpha")
+        ]
         if alpha_evals["run_dir"].nunique() > 1:
             report.add_table(
                 "table4", tables.alpha_table(alpha_evals), out_dir, "α sensitivity (Table 4)", axis="row"
@@ -143,12 +144,6 @@ def ablation_report(run_dirs: Iterable[Path | str] | dict[str, Path], out_dir: s
     report.add_chart("ratios", plots.ratio_chart, df, out_dir=out_dir)
     report.add_chart("clip_fractions", plots.clip_fraction_chart, df, out_dir=out_dir)
     return report
-
-
-def _methods(runs: list[Path]) -> dict[Path, str]:
-    """Method label of each run directory (from ``load_runs``' id columns)."""
-    df = load_runs(runs)
-    return {Path(r): m for r, m in zip(df["run_dir"], df["algorithm"])}
 
 
 def tuning_report(
