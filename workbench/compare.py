@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from workbench.config import ALGORITHMS, ConfigError, load_experiment
+from workbench.config import ALGORITHMS, ConfigError, load_experiment, parse_overrides
 from workbench.results import load_evals
 
 __all__ = ["ShortRun", "accuracy_table", "run_comparison", "run_experiments"]
@@ -41,7 +41,7 @@ def run_comparison(
     unknown = [a for a in algorithms if a not in ALGORITHMS]
     if unknown:
         raise ConfigError(f"unknown algorithm {unknown[0]!r}; valid: {sorted(ALGORITHMS)}")
-    base = _as_dict(overrides)
+    base = parse_overrides(overrides)
     runs = {}
     for algorithm in algorithms:
         cfg = load_experiment(config, base | {"algorithm": algorithm})
@@ -68,7 +68,7 @@ def run_experiments(
     """
     from workbench.trainer import train
 
-    base = _as_dict(overrides)
+    base = parse_overrides(overrides)
     runs = {}
     paths = [p for c in map(Path, configs) for p in (sorted(c.glob("*.yaml")) if c.is_dir() else [c])]
     for path in paths:
@@ -78,12 +78,6 @@ def run_experiments(
         callback = None if on_step is None else (lambda m, a=cfg.method: on_step({"algorithm": a, **m}))
         runs[cfg.method] = train(cfg, on_step=callback)
     return runs
-
-
-def _as_dict(overrides: list[str] | dict[str, Any] | None) -> dict[str, Any]:
-    from workbench.config import parse_overrides
-
-    return parse_overrides(overrides)
 
 
 def accuracy_table(runs: dict[str, Path], metric: str = "greedy_acc") -> pd.DataFrame:
@@ -135,7 +129,7 @@ class ShortRun:
         overrides: list[str] | dict[str, Any] | None = None,
         on_step: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
-        self.config, self.overrides, self.on_step = config, _as_dict(overrides), on_step
+        self.config, self.overrides, self.on_step = config, parse_overrides(overrides), on_step
         self.run_dir: Path | None = None
 
     def attach(self, monitor: Any) -> ShortRun:
