@@ -3,7 +3,7 @@
 For a tiny agent (``tiny:llama-bpe``: Llama layers, which 4-bit quantizes) and the embedded SmolLM2-135M it
 prints:
 
-- rollout tokens/s of `workbench.rollout.generate` at batch 64 vs plain ``model.generate`` on the same batch
+- rollout tokens/s of `workbench.agents.rollout.generate` at batch 64 vs plain ``model.generate`` on the same batch
   (same prompts, left padding, KV cache, temperature 1, same response cap) and their ratio;
 - scoring forward+backward throughput (`sequence_logprobs` + ``backward``) for full fine-tuning in fp32, LoRA
   and 4-bit LoRA, with each configuration's weight memory (``get_memory_footprint``) and the process's peak
@@ -36,7 +36,8 @@ MODES = {"fp32": {}, "lora": {"lora": {"r": 16}}, "4bit-lora": {"lora": {"r": 16
 
 
 def _prompts(which: str, n: int) -> list[str]:
-    from workbench.tasks import build_prompt, embedded_task
+    from workbench.tasks.arithmetic import embedded_task
+    from workbench.tasks.prompts import build_prompt
 
     instruction = None if which == "tiny" else "Answer with the number only."
     return [build_prompt(item.question, instruction) for item in embedded_task("test", n, seed=1)]
@@ -72,7 +73,8 @@ def worker_rollout(which: str, repeats: int) -> dict:
     """Median tokens/s of our generate vs model.generate at batch 64."""
     import torch
 
-    from workbench.agents import generate, load_agent
+    from workbench.agents.loading import load_agent
+    from workbench.agents.rollout import generate
 
     agent = load_agent(MODELS[which])
     prompts, cap = _prompts(which, 64), NEW_TOKENS[which]
@@ -92,8 +94,9 @@ def worker_rollout(which: str, repeats: int) -> dict:
 
 def worker_score(which: str, mode: str, repeats: int) -> dict:
     """Median tokens/s of sequence_logprobs forward+backward, and this process's peak RSS."""
-    from workbench.agents import generate, load_agent, score_rollouts, sequence_logprobs
-    from workbench.sharing import build_training_batch
+    from workbench.agents.loading import load_agent
+    from workbench.agents.rollout import generate, score_rollouts, sequence_logprobs
+    from workbench.agents.sharing import build_training_batch
 
     agent = load_agent({"model": MODELS[which], **MODES[mode]})
     rollouts = generate(

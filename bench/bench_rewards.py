@@ -14,8 +14,8 @@ import random
 import statistics
 import time
 
-from workbench import verifier
-from workbench.rewards import extract_answer, grade, grade_batch
+from workbench.tasks import verifier
+from workbench.tasks.rewards import extract_answer, grade, grade_batch
 
 
 def integer_batch(n: int = 1024, seed: int = 0) -> tuple[list[str], list[str]]:

@@ -20,7 +20,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch
 
-from workbench.config import load_experiment
+from workbench.config.loading import load_experiment
 from workbench.hacpo import (
     capability_aware_advantages,
     capability_ratios,
@@ -28,8 +28,8 @@ from workbench.hacpo import (
     gspo_policy_loss,
     hacpo_policy_loss,
 )
-from workbench.results import RunWriter, create_run_dir
-from workbench.trainer import Trainer
+from workbench.train.rundir import RunWriter, create_run_dir
+from workbench.train.trainer import Trainer
 
 
 def _time_steps(config: str, algorithm: str, steps: int, root: str) -> dict[str, list[float]]:

@@ -37,23 +37,25 @@ def hacpo_cache(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="session")
 def char_agent_dir(hacpo_cache):
     """Model directory of ``tiny:gpt2-char`` (GPT-2, character-level), briefly warm-started."""
-    from workbench.zoo import build_tiny
+    from workbench.agents.zoo import build_tiny
+    from workbench.core import env
 
-    return build_tiny("gpt2-char")
+    return build_tiny("gpt2-char", warm_steps=env.tiny_warm_steps())
 
 
 @pytest.fixture(scope="session")
 def bpe_agent_dir(hacpo_cache):
     """Model directory of ``tiny:llama-bpe`` (Llama, byte-level BPE), briefly warm-started."""
-    from workbench.zoo import build_tiny
+    from workbench.agents.zoo import build_tiny
+    from workbench.core import env
 
-    return build_tiny("llama-bpe")
+    return build_tiny("llama-bpe", warm_steps=env.tiny_warm_steps())
 
 
 @pytest.fixture(scope="session")
 def char_agent(char_agent_dir):
     """A loaded GPT-2 char agent shared by read-only tests (load your own copy to train it)."""
-    from workbench.agents import load_agent
+    from workbench.agents.loading import load_agent
 
     return load_agent(str(char_agent_dir), name="char")
 
@@ -61,7 +63,7 @@ def char_agent(char_agent_dir):
 @pytest.fixture(scope="session")
 def bpe_agent(bpe_agent_dir):
     """A loaded Llama BPE agent shared by read-only tests (load your own copy to train it)."""
-    from workbench.agents import load_agent
+    from workbench.agents.loading import load_agent
 
     return load_agent(str(bpe_agent_dir), name="bpe")
 
@@ -69,6 +71,6 @@ def bpe_agent(bpe_agent_dir):
 @pytest.fixture(scope="session")
 def smollm2_dir(hacpo_cache):
     """The embedded SmolLM2 converted into the session cache (≈25-40 s, once per session)."""
-    from workbench.embedded import ensure_embedded
+    from workbench.agents.embedded import ensure_embedded
 
     return ensure_embedded("smollm2-135m-instruct")

@@ -7,18 +7,20 @@ import math
 import pytest
 import torch
 
-from workbench.agent_spec import AgentSpec, AgentSpecError, LoraSpec, bnb_config, lora_config
-from workbench.agents import (
-    AgentLoadError,
+from workbench.agents.agent import AgentLoadError
+from workbench.agents.hf import bnb_config, lora_config
+from workbench.agents.loading import load_agent
+from workbench.agents.rollout import (
+    _pick_B,
     generate,
-    load_agent,
     reference_token_logprobs,
     score_rollouts,
     sequence_logprobs,
     token_logprobs,
 )
-from workbench.rollout import _pick_B
-from workbench.sharing import build_training_batch, self_token_batch
+from workbench.agents.sharing import build_training_batch
+from workbench.agents.tokens import self_token_batch
+from workbench.config.agent_spec import AgentSpec, AgentSpecError, LoraSpec
 
 PROMPTS = ["3+4*2", "7-1", "2*3*4-5"]
 

@@ -1,4 +1,4 @@
-"""Checkpoint save / verify / load and RNG states (workbench.checkpoint)."""
+"""Checkpoint save / verify / load and RNG states (workbench.train.checkpoint)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from workbench.checkpoint import (
+from workbench.train.checkpoint import (
     capture_rng_state,
     list_checkpoints,
     load_latest_checkpoint,
@@ -27,7 +27,7 @@ from workbench.checkpoint import (
     verify_checkpoint,
 )
 
-LOGGER = "workbench.checkpoint"
+LOGGER = "workbench.train.checkpoint"
 
 
 def _state(step: int) -> dict[str, object]:
@@ -218,7 +218,7 @@ def test_restoring_cuda_state_without_cuda_warns(caplog):
 _SAVER = textwrap.dedent(
     """
     import sys, torch
-    from workbench.checkpoint import save_checkpoint
+    from workbench.train.checkpoint import save_checkpoint
     step = 0
     while True:
         step += 1

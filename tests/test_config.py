@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from workbench.config import ALGORITHMS, ConfigError, from_dict, load_experiment, parse_overrides
+from workbench.config.experiment import ALGORITHMS, ConfigError, from_dict
+from workbench.config.loading import load_experiment, parse_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
 AGENTS = [{"name": "a", "model": "tiny:x"}, {"name": "b", "model": "tiny:y"}]

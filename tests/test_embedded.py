@@ -7,9 +7,10 @@ import json
 
 import pytest
 
-from workbench import embedded
-from workbench.agents import generate, load_agent, score_rollouts
-from workbench.embedded import EMBEDDED_MODELS, EmbeddedModelError, ensure_embedded, is_cached
+from workbench.agents import embedded
+from workbench.agents.embedded import EMBEDDED_MODELS, EmbeddedModelError, ensure_embedded, is_cached
+from workbench.agents.loading import load_agent
+from workbench.agents.rollout import generate, score_rollouts
 
 
 def test_registry_names_the_heterogeneous_pair():

@@ -6,8 +6,6 @@ from __future__ import annotations
 import itertools
 import math
 import re
-import sys
-import types
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,18 +14,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import workbench
-from workbench.evaluate import (
-    SAMPLE_COLUMNS,
-    avg_at_k,
-    best_at_k,
-    evaluate,
-    pass_at_k,
-    pass_ks,
-    summarize,
-)
-from workbench.tasks import PAPER_INSTRUCTION, embedded_task
-from workbench.types import TaskItem
+from workbench.core.types import TaskItem
+from workbench.tasks.arithmetic import embedded_task
+from workbench.tasks.metrics import avg_at_k, best_at_k, pass_at_k, pass_ks, summarize
+from workbench.tasks.prompts import PAPER_INSTRUCTION
+from workbench.train import evaluate as evaluate_module
+from workbench.train.evaluate import SAMPLE_COLUMNS, evaluate
 
 # ---------------------------------------------------------------------------------------------- pure metrics
 
@@ -129,10 +121,7 @@ def _fake_generate(calls):
 @pytest.fixture
 def fake_agents(monkeypatch):
     calls: list[dict] = []
-    module = types.ModuleType("workbench.agents")
-    module.generate = _fake_generate(calls)
-    monkeypatch.setitem(sys.modules, "workbench.agents", module)
-    monkeypatch.setattr(workbench, "agents", module, raising=False)
+    monkeypatch.setattr(evaluate_module, "generate", _fake_generate(calls))
     return calls
 
 
@@ -181,7 +170,7 @@ def test_evaluate_options(fake_agents):
 
 
 def test_summary_rows_fit_the_results_log(fake_agents):
-    from workbench.results import _EVAL_METRIC_RE
+    from workbench.train.rundir import _EVAL_METRIC_RE
 
     items = embedded_task("test", 4)
     result = evaluate(
@@ -202,7 +191,7 @@ def tiny_agent(tmp_path_factory):
     mp = pytest.MonkeyPatch()
     mp.setenv("HACPO_CACHE", str(tmp_path_factory.mktemp("cache")))
     mp.setenv("HACPO_TINY_WARM_STEPS", "5")  # a barely trained build, in seconds
-    from workbench.agents import load_agent
+    from workbench.agents.loading import load_agent
 
     yield load_agent("tiny:gpt2-char")
     mp.undo()

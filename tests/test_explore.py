@@ -9,7 +9,7 @@ import sys
 import pandas as pd
 import pytest
 
-from workbench.explore import capability_table, cross_weight_table, metrics_frame, validate_tuning
+from workbench.lab.explore import capability_table, cross_weight_table, metrics_frame, validate_tuning
 
 
 def test_cross_weight_follows_the_clipped_power_law_per_minibatch():
@@ -161,15 +161,15 @@ def test_heavy_imports_stay_at_the_edges():
 import sys
 def loaded(names):
     return [m for m in names if m in sys.modules]
-import workbench.tables
+import workbench.lab.tables
 print("tables", loaded(["altair", "ipywidgets", "torch"]))
-import workbench.plots
+import workbench.lab.plots
 print("plots", loaded(["ipywidgets", "torch"]))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split("\n")[:2] == ["tables []", "plots []"]
     code = (
-        "import sys, workbench.explore\n"
+        "import sys, workbench.lab.explore\n"
         "print([m for m in ('altair', 'ipywidgets', 'peft', 'transformers') if m in sys.modules])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -1,16 +1,137 @@
-"""Heavy dependencies stay at the edges: the math imports torch only (style principle 14)."""
+"""The package in layers: one-way imports, no cycles, heavy dependencies only where they are needed.
 
+Every ``import`` statement of ``workbench/`` is read with ``ast``, wherever it sits (module level, inside a
+function, under ``TYPE_CHECKING``): an import inside a function is still a dependency, so it may not dodge the
+rule or close a cycle.
+"""
+
+from __future__ import annotations
+
+import ast
 import subprocess
 import sys
+from pathlib import Path
 
-HEAVY = ["transformers", "peft", "bitsandbytes", "altair", "ipywidgets", "papermill"]
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "workbench"
+
+LAYERS = ("core", "tasks", "config", "agents", "train", "lab")
+"""Bottom to top: a module imports only from its own layer or a lower one."""
+TOP = {"workbench", "workbench.__main__", "workbench.hacpo"}
+"""Entry points above every layer (``hacpo`` is the math facade and may import ``core`` only)."""
+
+HEAVY_ALLOWED = {
+    "torch": {"core", "agents", "train", "lab"},
+    "transformers": {"agents"},
+    "peft": {"agents"},
+    "bitsandbytes": {"agents"},
+    "tokenizers": {"agents"},
+    "altair": {"lab.plots"},
+    "ipywidgets": {"lab.widgets"},
+    "papermill": {"lab.runner"},
+}
+"""Where each heavy third-party package may be imported (a layer, or one ``layer.module``)."""
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> list[str]:
+    """Absolute names ``path`` imports (``from a import b`` also gives ``a.b``, which may be a module)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names += [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+    return names
+
+
+MODULES = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+GRAPH = {
+    name: sorted({imp for imp in _imports(path) if imp in MODULES and imp != name})
+    for name, path in MODULES.items()
+}
+
+
+def _layer(module: str) -> int:
+    if module in TOP:
+        return len(LAYERS)
+    return LAYERS.index(module.split(".")[1])
+
+
+def test_every_module_sits_in_a_layer():
+    stray = [m for m in MODULES if m not in TOP and (m.count(".") < 1 or m.split(".")[1] not in LAYERS)]
+    assert stray == [], f"modules outside the layers {LAYERS}: {stray}"
+
+
+def test_imports_only_go_down_or_sideways():
+    upward = [
+        f"{module} (layer {LAYERS[_layer(module)] if module not in TOP else 'top'}) imports {target}"
+        for module, targets in GRAPH.items()
+        for target in targets
+        if _layer(target) > _layer(module)
+    ]
+    assert upward == [], "upward imports:\n" + "\n".join(upward)
+
+
+def test_the_math_facade_imports_core_only():
+    assert all(t.startswith("workbench.core.") for t in GRAPH["workbench.hacpo"]), GRAPH["workbench.hacpo"]
+
+
+def test_no_import_cycles():
+    """Depth-first search over the module graph (package ``__init__`` facades included)."""
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+    cycles: list[list[str]] = []
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for target in GRAPH[node]:
+            if state.get(target) == 1:
+                cycles.append([*path[path.index(target) :], target])
+            elif target not in state:
+                visit(target, [*path, target])
+        state[node] = 2
+
+    for module in MODULES:
+        if module not in state:
+            visit(module, [module])
+    assert cycles == [], "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+@pytest.mark.parametrize("package", sorted(HEAVY_ALLOWED))
+def test_heavy_dependencies_stay_in_their_layers(package):
+    allowed = HEAVY_ALLOWED[package]
+    offenders = [
+        module
+        for module, path in MODULES.items()
+        if module not in TOP
+        and any(imp == package or imp.startswith(f"{package}.") for imp in _imports(path))
+        and not (module.split(".")[1] in allowed or ".".join(module.split(".")[1:3]) in allowed)
+    ]
+    assert offenders == [], f"{package} imported outside {sorted(allowed)}: {offenders}"
 
 
 def test_math_modules_import_no_heavy_dependency():
+    """At run time too: ``workbench.hacpo`` pulls in torch and nothing heavier."""
+    heavy = ["transformers", "peft", "bitsandbytes", "altair", "ipywidgets", "papermill", "pandas"]
     code = (
-        "import sys, workbench.hacpo, workbench.types\n"
-        f"heavy = [m for m in {HEAVY!r} if m in sys.modules]\n"
-        "print(','.join(heavy))\n"
+        "import sys, workbench.hacpo, workbench.core.types\n"
+        f"print(','.join(m for m in {heavy!r} if m in sys.modules))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "", f"workbench.hacpo pulled in: {out.stdout.strip()}"
+
+
+def test_config_and_tasks_load_without_torch():
+    """Reading an experiment YAML or generating problems never pays for torch."""
+    code = (
+        "import sys, workbench.config, workbench.tasks, workbench.tasks.loaders\n"
+        "print(','.join(m for m in ('torch', 'transformers', 'pandas') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "", f"workbench.config / workbench.tasks pulled in: {out.stdout.strip()}"

@@ -1,4 +1,4 @@
-"""Atomic writes and crash-tolerant JSONL (workbench.io)."""
+"""Atomic writes and crash-tolerant JSONL (workbench.core.io)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import pytest
 import torch
 import yaml
 
-from workbench import io as wio
+from workbench.core import io as wio
 
 
 def _listing(path: Path) -> list[str]:
@@ -91,7 +91,7 @@ def test_append_and_read_jsonl(tmp_path):
 def test_partial_last_line_is_skipped_with_warning(tmp_path, caplog):
     path = tmp_path / "m.jsonl"
     path.write_text('{"step": 0}\n{"step": 1}\n{"step": 2, "x": 0.12')
-    with caplog.at_level(logging.WARNING, logger="workbench.io"):
+    with caplog.at_level(logging.WARNING, logger="workbench.core.io"):
         rows = wio.read_jsonl(path)
     assert rows == [{"step": 0}, {"step": 1}]
     assert "partial last line 3" in caplog.text and "m.jsonl" in caplog.text
@@ -116,7 +116,7 @@ def test_non_object_line_is_rejected(tmp_path):
 def test_append_after_partial_line_repairs_the_tail(tmp_path, caplog):
     path = tmp_path / "m.jsonl"
     path.write_text('{"step": 0}\n{"step": 1, "x": 0.1')
-    with caplog.at_level(logging.WARNING, logger="workbench.io"):
+    with caplog.at_level(logging.WARNING, logger="workbench.core.io"):
         wio.append_jsonl(path, {"step": 1, "x": 0.5})
     assert "dropping a partial last line" in caplog.text
     assert wio.read_jsonl(path, skip_partial_last=False) == [{"step": 0}, {"step": 1, "x": 0.5}]
@@ -145,7 +145,7 @@ def test_truncate_jsonl(tmp_path):
 _APPENDER = textwrap.dedent(
     """
     import sys
-    from workbench.io import append_jsonl
+    from workbench.core.io import append_jsonl
     i = 0
     while True:
         append_jsonl(sys.argv[1], {"i": i, "pad": "x" * 3000})

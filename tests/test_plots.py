@@ -7,9 +7,10 @@ import json
 import pandas as pd
 import pytest
 
-from workbench import plots
-from workbench.explore import cross_weight_table, metrics_frame
-from workbench.results import RunWriter, create_run_dir, load_runs, melt_metric
+from workbench.lab import plots
+from workbench.lab.explore import cross_weight_table, metrics_frame
+from workbench.lab.frames import load_runs, melt_metric
+from workbench.train.rundir import RunWriter, create_run_dir
 
 A1, A2 = "char-gpt2", "bpe-llama"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -1,4 +1,4 @@
-"""Run directories, RunWriter and the loaders (workbench.results)."""
+"""Run directories, RunWriter and the loaders (workbench.train.rundir and workbench.lab.frames)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ import pytest
 import torch
 import yaml
 
-from workbench import results
-from workbench.results import RunWriter, config_hash, create_run_dir, find_run
+from workbench.lab import frames
+from workbench.train import rundir as results
+from workbench.train.rundir import RunWriter, config_hash, create_run_dir, find_run
 
 AGENTS = ("char-gpt2", "bpe-llama")
 
@@ -189,17 +190,17 @@ def test_mark_done_and_rollback(tmp_path):
     dropped = w.rollback_to(2)
     assert dropped == {"metrics": 4, "evals": 2, "samples": 3}  # lines 3, 4 (x2), 5; evals of step 4
     assert not w.is_done()
-    df = results.load_runs([run_dir])
+    df = frames.load_runs([run_dir])
     assert df["step"].tolist() == [0, 1, 2]
     assert sorted(p.name for p in w.samples_dir.iterdir()) == ["step_000001.jsonl", "step_000002.jsonl"]
-    assert set(results.load_evals([run_dir])["step"]) == {0, 2}
+    assert set(frames.load_evals([run_dir])["step"]) == {0, 2}
     other = RunWriter(run_dir)  # a second writer object of the same run sees the rollback too
     with pytest.raises(ValueError, match="last logged step 2"):
         other.log_metrics(1, {"train/acc/char-gpt2": 0.9})
     w.log_metrics(3, {"train/acc/char-gpt2": 0.9})  # logging resumes after the rollback
-    assert results.load_runs([run_dir])["step"].tolist() == [0, 1, 2, 3]
+    assert frames.load_runs([run_dir])["step"].tolist() == [0, 1, 2, 3]
     assert w.rollback_to(-1) == {"metrics": 5, "evals": 4, "samples": 2}  # killed before any checkpoint
-    assert len(results.load_runs([run_dir])) == 0 and len(results.load_evals([run_dir])) == 0
+    assert len(frames.load_runs([run_dir])) == 0 and len(frames.load_evals([run_dir])) == 0
     w.log_metrics(0, {"eval/acc/char-gpt2": 0.1})
     with pytest.raises(ValueError, match=">= -1"):
         w.rollback_to(-2)
@@ -221,7 +222,7 @@ def two_runs(tmp_path) -> tuple[Path, Path, Path]:
 
 def test_load_runs_wide(two_runs):
     root, hacpo_dir, gspo_dir = two_runs
-    df = results.load_runs([hacpo_dir, gspo_dir])
+    df = frames.load_runs([hacpo_dir, gspo_dir])
     assert list(df.columns[:6]) == ["run", "experiment", "algorithm", "seed", "run_dir", "step"]
     assert len(df) == 8 and df["step"].dtype == "int64"
     assert df.groupby("run")["step"].apply(list).tolist() == [[0, 1, 2, 3]] * 2
@@ -232,23 +233,23 @@ def test_load_runs_wide(two_runs):
     assert hacpo.loc[2, "train/acc/bpe-llama"] == pytest.approx(0.2)
     assert math.isnan(hacpo.loc[1, "eval/acc/bpe-llama"]) and math.isnan(hacpo.loc[0, "time/step_s"])
     assert hacpo.loc[3, "cost/bpe-llama/generated_tokens"] == 300.0
-    assert df.equals(results.load_runs(root))  # a directory of runs is searched recursively
+    assert df.equals(frames.load_runs(root))  # a directory of runs is searched recursively
 
 
 def test_load_runs_edge_cases(tmp_path):
     run_dir = create_run_dir(tmp_path, "exp")
     RunWriter(run_dir).write_config(_cfg())
-    empty = results.load_runs([run_dir])
+    empty = frames.load_runs([run_dir])
     assert len(empty) == 0 and {"run", "step"} <= set(empty.columns)
     with pytest.raises(FileNotFoundError, match="missing-dir"):
-        results.load_runs([tmp_path / "missing-dir"])
-    assert len(results.load_evals(run_dir)) == 0
+        frames.load_runs([tmp_path / "missing-dir"])
+    assert len(frames.load_evals(run_dir)) == 0
 
 
 def test_load_evals(two_runs):
     root, *_ = two_runs
-    ev = results.load_evals(root)
-    assert list(ev.columns) == [*results.ID_COLUMNS, *results.EVAL_COLUMNS]
+    ev = frames.load_evals(root)
+    assert list(ev.columns) == [*frames.ID_COLUMNS, *results.EVAL_COLUMNS]
     assert len(ev) == 8 and set(ev["metric"]) == {"avg@4"} and (ev["value"] == 0.5).all()
 
 
@@ -266,23 +267,23 @@ def test_load_evals(two_runs):
 )
 def test_melt_metric(two_runs, prefix, named, n_rows):
     _, hacpo_dir, gspo_dir = two_runs
-    long = results.melt_metric(results.load_runs([hacpo_dir, gspo_dir]), prefix)
-    assert list(long.columns) == [*results.ID_COLUMNS, "step", *named, "value"]
+    long = frames.melt_metric(frames.load_runs([hacpo_dir, gspo_dir]), prefix)
+    assert list(long.columns) == [*frames.ID_COLUMNS, "step", *named, "value"]
     assert len(long) == n_rows and long["value"].notna().all()
 
 
 def test_melt_metric_values_and_errors(two_runs):
     _, hacpo_dir, _ = two_runs
-    df = results.load_runs([hacpo_dir])
-    ratio = results.melt_metric(df, "is")
+    df = frames.load_runs([hacpo_dir])
+    ratio = frames.melt_metric(df, "is")
     row = ratio[(ratio["step"] == 3) & (ratio["stat"] == "ratio_mean")].iloc[0]
     assert (row["learner"], row["source"], row["value"]) == ("char-gpt2", "bpe-llama", pytest.approx(0.9))
-    acc = results.melt_metric(df, "eval/acc")
+    acc = frames.melt_metric(df, "eval/acc")
     assert acc.set_index(["step", "agent"]).loc[(2, "char-gpt2"), "value"] == pytest.approx(0.2)
     with pytest.raises(
         ValueError,
         match=r"under 'nope'; families present: \['cost', 'eval', 'is', 'omega', 'time', 'train'\]",
     ):
-        results.melt_metric(df, "nope")
+        frames.melt_metric(df, "nope")
     mixed = pd.DataFrame({"step": [0], "is/a/b/c": [1.0], "is/a/b": [2.0]})
-    assert list(results.melt_metric(mixed, "is").columns) == ["step", "key", "value"]
+    assert list(frames.melt_metric(mixed, "is").columns) == ["step", "key", "value"]

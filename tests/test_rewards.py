@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from workbench import verifier
-from workbench.rewards import (
+from workbench.tasks import verifier
+from workbench.tasks.rewards import (
     REASONS,
     REWARD_METHODS,
     Grade,

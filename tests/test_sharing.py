@@ -9,9 +9,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from workbench.agents import generate, score_rollouts, sequence_logprobs
-from workbench.sharing import TokenBatch, build_training_batch, pack, reencode_response
-from workbench.types import Rollout
+from workbench.agents.rollout import generate, score_rollouts, sequence_logprobs
+from workbench.agents.sharing import build_training_batch, reencode_response
+from workbench.agents.tokens import TokenBatch, pack
+from workbench.core.types import Rollout
 
 PROMPTS = ["3+4*2", "7-1", "2*3*4-5", "9"]
 

@@ -8,14 +8,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from workbench.tables import (
-    alpha_table,
-    method_label,
-    paper_table,
-    ratio_stats_table,
-    to_latex,
-    with_variants,
-)
+from workbench.lab.latex import to_latex
+from workbench.lab.tables import alpha_table, method_label, paper_table, ratio_stats_table, with_variants
 
 A1, A2 = "char-gpt2", "bpe-llama"
 BENCHES = ("arith", "gsm")

@@ -11,16 +11,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from workbench import loaders
-from workbench.tasks import (
-    PAPER_INSTRUCTION,
-    build_prompt,
-    embedded_solution,
-    embedded_task,
-    load_tasks,
-    solve_steps,
-    split_of,
-)
+from workbench.tasks import loaders
+from workbench.tasks.arithmetic import embedded_solution, embedded_task, solve_steps
+from workbench.tasks.prompts import PAPER_INSTRUCTION, build_prompt, split_of
+from workbench.tasks.sources import load_tasks
 
 DATA = Path(__file__).parent / "data"
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}

@@ -13,11 +13,12 @@ import pytest
 import torch
 import yaml
 
-from workbench import losses
-from workbench.checkpoint import list_checkpoints, load_latest_checkpoint
-from workbench.config import ConfigError, from_dict, load_experiment
-from workbench.results import load_runs
-from workbench.trainer import Trainer, TrainingError, train
+from workbench.config.experiment import ConfigError, from_dict
+from workbench.config.loading import load_experiment
+from workbench.core import losses
+from workbench.lab.frames import load_runs
+from workbench.train.checkpoint import list_checkpoints, load_latest_checkpoint
+from workbench.train.trainer import Trainer, TrainingError, train
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = {
@@ -86,7 +87,7 @@ def test_one_agent_hacpo_reproduces_gspo_exactly(tmp_path):
     for cfg in (gspo, hacpo):
         run_dir = Path(cfg.output.root) / "run"
         run_dir.mkdir(parents=True)
-        from workbench.results import RunWriter
+        from workbench.train.rundir import RunWriter
 
         RunWriter(run_dir).write_config(cfg.to_dict())
         runs.append(Trainer(cfg, run_dir).fit())
@@ -156,7 +157,7 @@ def test_non_finite_loss_stops_with_a_clear_error_and_keeps_the_checkpoint(tmp_p
 
 
 def test_bad_config_fails_before_any_model_loads(tmp_path, monkeypatch):
-    import workbench.trainer as trainer_module
+    import workbench.train.trainer as trainer_module
 
     def no_loading(*args, **kwargs):
         raise AssertionError("a model was loaded for an invalid config")

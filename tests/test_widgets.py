@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.widgets import RunMonitor, TuningPanel
+from workbench.lab.widgets import RunMonitor, TuningPanel
 
 A1, A2 = "char-gpt2", "bpe-llama"
 

@@ -12,13 +12,10 @@ import logging
 import os
 import sys
 import time
-from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported (2-core machines)
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 log = logging.getLogger("workbench")
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -30,7 +27,7 @@ def _setup_logging(verbose: bool) -> None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from workbench.trainer import train
+    from workbench.train.trainer import train
 
     run_dir = train(args.experiment, overrides=args.set, resume=not args.fresh)
     log.info("run directory: %s", run_dir)
@@ -38,7 +35,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from workbench.runner import run_quickstart
+    from workbench.lab.runner import run_quickstart
 
     start = time.perf_counter()
     log.info("executing notebooks/01_quickstart.ipynb (HACPO and GSPO; builds the tiny agents on first use)")
@@ -56,7 +53,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_reproduce(args: argparse.Namespace) -> int:
-    from workbench.runner import reproduce
+    from workbench.lab.runner import reproduce
 
     index = reproduce(smoke=args.smoke, only=args.only or None, progress=True)
     log.info("index: %s", index)
@@ -82,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     rep.set_defaults(func=_cmd_reproduce)
     args = parser.parse_args(argv)
     _setup_logging(args.verbose)
-    from workbench.config import ConfigError
+    from workbench.config.experiment import ConfigError
 
     try:
         return args.func(args)

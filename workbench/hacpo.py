@@ -5,9 +5,9 @@ papermill); ``tests/test_import_boundaries.py`` checks it. Every name below is d
 number of ``../shared/spec/hacpo.md``.
 """
 
-from workbench.advantages import capability_aware_advantages, group_advantages
-from workbench.capability import CapabilityTracker, capability_ratios
-from workbench.losses import (
+from workbench.core.advantages import capability_aware_advantages, group_advantages
+from workbench.core.capability import CapabilityTracker, capability_ratios
+from workbench.core.losses import (
     POLICY_LOSSES,
     TOKEN_LEVEL_LOSSES,
     cross_sample_weight,

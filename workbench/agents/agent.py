@@ -1,0 +1,129 @@
+"""The `Agent` record: a causal LM + tokenizer + prompt format + sampling settings.
+
+Built by `workbench.agents.loading.load_agent` (the only place that calls ``from_pretrained``). Prompt format:
+with a chat template (when the tokenizer has one and ``spec.chat_template`` is not False) the prompt is the
+template applied to one user message plus the generation prompt; otherwise it is ``spec.prompt_template``
+(default ``"Q: {content}\\nA: "``). Tiny agents have no chat template.
+
+Models are kept in eval mode: dropout is off both when rollouts are scored and when the learner is trained, so
+an on-policy self sample has a sequence ratio of exactly 1 (gradients flow in eval mode all the same).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from workbench.config.agent_spec import AgentSpec
+
+
+class AgentLoadError(RuntimeError):
+    """A model or tokenizer cannot be loaded; the message names the problem and the fix."""
+
+
+@dataclass
+class Agent:
+    """A loaded agent. Build with `load_agent`.
+
+    Attributes:
+        name: Display name and metric key.
+        spec: The spec it was loaded from.
+        model: The causal LM (a ``PeftModel`` when ``spec.lora`` is set), in eval mode.
+        tokenizer: Its tokenizer.
+        device: Where the model's weights sit.
+        eos_token_id: The token a finished response ends with (appended to re-encoded shared responses).
+        pad_token_id: Padding id (the EOS when the tokenizer has no pad token).
+        stop_token_ids: Every id that ends generation (EOS plus the generation config's extra EOS ids).
+        max_new_tokens: The resolved response cap.
+        source: Where the weights came from (a directory or hub id).
+    """
+
+    name: str
+    spec: AgentSpec
+    model: Any
+    tokenizer: Any
+    device: torch.device
+    eos_token_id: int
+    pad_token_id: int
+    stop_token_ids: tuple[int, ...]
+    max_new_tokens: int
+    source: str = ""
+    reference_loader: Callable[[], Any] | None = field(default=None, repr=False)
+    """Loads the frozen initial model (full fine-tuning; set by `workbench.agents.loading.load_agent`)."""
+    _reference: Any = field(default=None, repr=False)
+
+    @property
+    def is_lora(self) -> bool:
+        """True when the model carries LoRA adapters (only they are trained)."""
+        return self.spec.lora is not None
+
+    @property
+    def uses_chat_template(self) -> bool:
+        """True when prompts are formatted with the tokenizer's chat template."""
+        has_template = bool(getattr(self.tokenizer, "chat_template", None))
+        return has_template and self.spec.chat_template is not False
+
+    @property
+    def max_positions(self) -> int | None:
+        """The model's context window in tokens, when its config states one."""
+        config = self.model.config
+        for key in ("n_positions", "max_position_embeddings"):
+            value = getattr(config, key, None)
+            if isinstance(value, int):
+                return value
+        return None
+
+    def format_prompt(self, content: str) -> str:
+        """The full prompt text for one user message (chat template or the plain template)."""
+        if self.uses_chat_template:
+            messages = [{"role": "user", "content": content}]
+            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return self.spec.prompt_template.format(content=content)
+
+    def encode_prompt(self, content: str) -> list[int]:
+        """Token ids of `format_prompt` (a chat template already holds its special tokens)."""
+        text = self.format_prompt(content)
+        return list(self.tokenizer.encode(text, add_special_tokens=not self.uses_chat_template))
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        """Parameters that receive gradients: the LoRA adapters with LoRA, else every weight."""
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def trainable_state_dict(self) -> dict[str, torch.Tensor]:
+        """What a checkpoint must hold: adapter weights with LoRA, else the full state dict (CPU copies)."""
+        if self.is_lora:
+            from peft import get_peft_model_state_dict
+
+            state = get_peft_model_state_dict(self.model)
+        else:
+            state = self.model.state_dict()
+        return {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
+
+    def load_trainable_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Loads what `trainable_state_dict` returned; a missing or unexpected key raises."""
+        if self.is_lora:
+            from peft import set_peft_model_state_dict
+
+            result = set_peft_model_state_dict(self.model, state)
+            unexpected = getattr(result, "unexpected_keys", [])
+            if unexpected:
+                raise KeyError(f"agent {self.name!r}: unexpected adapter keys {unexpected[:5]}")
+        else:
+            self.model.load_state_dict(state, strict=True)
+
+    def reference_model(self) -> Any:
+        """The frozen initial model, loaded from ``source`` on first use (full fine-tuning only).
+
+        Loaded from the source rather than copied, so that it is the initial policy even after a checkpoint
+        was restored into ``model``. A LoRA agent's reference is its own model with adapters disabled.
+        """
+        if self.is_lora:
+            raise RuntimeError("a LoRA agent's reference is its own model with adapters disabled")
+        if self._reference is None:
+            if self.reference_loader is None:
+                raise RuntimeError(f"agent {self.name!r} was built without a reference loader")
+            self._reference = self.reference_loader().requires_grad_(False)
+        return self._reference

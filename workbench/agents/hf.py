@@ -1,0 +1,212 @@
+"""transformers / peft / bitsandbytes: build an `Agent` from a resolved model source (directory or hub id).
+
+The spec → ``LoraConfig`` / ``BitsAndBytesConfig`` translations are tiny pure functions; the libraries are
+imported inside them, so importing this module stays cheap. `workbench.agents.loading.load_agent` resolves
+model strings (tiny presets, embedded models, paths, hub ids) and calls `build_agent`.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from workbench.agents.agent import Agent, AgentLoadError
+from workbench.config.agent_spec import QUANTIZATIONS, AgentSpec, AgentSpecError, LoraSpec, choice
+from workbench.core import env
+
+__all__ = [
+    "DEFAULT_MAX_NEW_TOKENS",
+    "bnb_config",
+    "build_agent",
+    "lora_config",
+    "resolve_device",
+    "resolve_dtype",
+]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_NEW_TOKENS = 512
+"""Response cap when neither the spec nor the model's generation config sets one."""
+
+
+class _DropCastWarning(logging.Filter):
+    """bitsandbytes' 8-bit path logs a cast warning on every matmul; the cast is intended here."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "inputs will be cast from" not in record.getMessage()
+
+
+def _quiet_8bit_casts() -> None:
+    """Attach `_DropCastWarning` to bitsandbytes' logger once, when an 8-bit model is loaded."""
+    target = logging.getLogger("bitsandbytes.autograd._functions")
+    if not any(isinstance(f, _DropCastWarning) for f in target.filters):
+        target.addFilter(_DropCastWarning())
+
+
+def _from_pretrained(loader: Any, source: str, spec: AgentSpec, what: str, **kwargs: Any) -> Any:
+    try:
+        return loader.from_pretrained(source, trust_remote_code=spec.trust_remote_code, **kwargs)
+    except (OSError, ValueError) as exc:
+        offline = env.hub_offline()
+        hint = (
+            " HF_HUB_OFFLINE is set: a hub id loads only if already in the local HF cache; unset it on a "
+            "machine with hub access, or download the model and pass its directory."
+            if offline and not Path(source).exists()
+            else ""
+        )
+        raise AgentLoadError(f"cannot load the {what} of {source!r}: {exc}.{hint}") from exc
+
+
+def _load_tokenizer(spec: AgentSpec, tok_source: str) -> Any:
+    from transformers import AutoTokenizer
+
+    tokenizer = _from_pretrained(AutoTokenizer, tok_source, spec, "tokenizer")
+    if tokenizer.eos_token_id is None:
+        raise AgentLoadError(f"tokenizer of {tok_source!r} has no EOS token; set one in its tokenizer_config")
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def _load_model(spec: AgentSpec, source: str, device: torch.device) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    kwargs: dict[str, Any] = {"dtype": resolve_dtype(spec.dtype, device)}
+    quant = bnb_config(spec.quantization, resolve_dtype(spec.compute_dtype, device))
+    if quant is not None:
+        if spec.quantization == "8bit":
+            _quiet_8bit_casts()
+        kwargs.update(quantization_config=quant, device_map={"": str(device)})
+    model = _from_pretrained(AutoModelForCausalLM, source, spec, "model", **kwargs)
+    if quant is None:
+        model.to(device)
+    if spec.quantization == "4bit":
+        # On AVX512-BF16 CPUs bitsandbytes repacks 4-bit weights during the first no-grad eval forward and
+        # from then on uses a kernel without autograd, which silently drops gradients through the base layers
+        # (LoRA below the top layer would train on wrong gradients). Keep the differentiable layout.
+        for module in model.modules():
+            if hasattr(module, "support_avx512bf16_for_cpu"):
+                module.support_avx512bf16_for_cpu = False
+    if spec.quantization != "none":
+        from peft import prepare_model_for_kbit_training
+
+        if not any(
+            "Linear4bit" in type(m).__name__ or "Linear8bit" in type(m).__name__ for m in model.modules()
+        ):
+            logger.warning(
+                "quantization=%s: no layer of %s was quantized (bitsandbytes replaces linear layers only), "
+                "so the model stays in full precision",
+                spec.quantization, source,
+            )  # fmt: skip
+
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=spec.gradient_checkpointing)
+    elif spec.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    if spec.gradient_checkpointing:
+        # Checkpointing only acts in train mode, so train() is used for gradient passes; dropout must then be
+        # off to keep the scored and trained functions identical.
+        for module in model.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.p = 0.0
+    if spec.lora is not None:
+        from peft import get_peft_model
+
+        torch.manual_seed(spec.seed)  # adapter initialization
+        model = get_peft_model(model, lora_config(spec.lora))
+    return model.eval()
+
+
+def _stop_ids(tokenizer: Any, model: Any) -> tuple[int, ...]:
+    ids = [tokenizer.eos_token_id]
+    extra = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for i in extra if isinstance(extra, list | tuple) else [extra]:
+        if isinstance(i, int) and i not in ids and i < len(tokenizer):
+            ids.append(i)
+    return tuple(ids)
+
+
+def resolve_device(device: str) -> Any:
+    """``auto`` -> ``cuda`` when available, else ``cpu``; returns a ``torch.device``."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise AgentSpecError(f"device = {device!r} is not available here (no CUDA); use device: cpu or auto")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: Any) -> Any:
+    """``auto`` -> float32 on CPU (bf16 matmuls are ~20x slower on AVX2 CPUs), bfloat16 on CUDA."""
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, dtype)
+
+
+def lora_config(lora: LoraSpec) -> Any:
+    """The peft ``LoraConfig`` of a `LoraSpec` (causal LM task)."""
+    from peft import LoraConfig
+
+    targets = lora.target_modules if isinstance(lora.target_modules, str) else list(lora.target_modules)
+    return LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=targets,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+
+
+def bnb_config(quantization: str, compute_dtype: Any) -> Any:
+    """The transformers ``BitsAndBytesConfig`` for ``4bit`` (nf4, double quant) or ``8bit``; None for none."""
+    choice("quantization", quantization, QUANTIZATIONS)
+    if quantization == "none":
+        return None
+    from transformers import BitsAndBytesConfig
+
+    if quantization == "8bit":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=compute_dtype,
+    )
+
+
+def build_agent(spec: AgentSpec, source: str, tokenizer_source: str | None = None) -> Agent:
+    """Loads tokenizer and model (+ LoRA, + 4/8-bit) from ``source`` into an `Agent` on ``spec.device``.
+
+    Args:
+        spec: The agent spec.
+        source: A model directory or hub id (already resolved).
+        tokenizer_source: Where the tokenizer comes from; None = ``source``.
+
+    Raises:
+        AgentLoadError: An unloadable model or tokenizer (the message says how to fix it).
+    """
+    device = resolve_device(spec.device)
+    tokenizer = _load_tokenizer(spec, tokenizer_source or source)
+    model = _load_model(spec, source, device)
+    gen_cap = getattr(getattr(model, "generation_config", None), "max_new_tokens", None)
+    agent = Agent(
+        name=spec.display_name,
+        spec=spec,
+        model=model,
+        tokenizer=tokenizer,
+        device=device,
+        eos_token_id=int(tokenizer.eos_token_id),
+        pad_token_id=int(tokenizer.pad_token_id),
+        stop_token_ids=_stop_ids(tokenizer, model),
+        max_new_tokens=spec.max_new_tokens or gen_cap or DEFAULT_MAX_NEW_TOKENS,
+        source=source,
+        reference_loader=functools.partial(_load_model, spec, source, device),
+    )
+    n_train = sum(p.numel() for p in agent.trainable_parameters())
+    logger.info(
+        "loaded agent %s from %s on %s (%d trainable parameters)", agent.name, source, device, n_train
+    )
+    return agent

@@ -1,0 +1,75 @@
+"""`TokenBatch`: right-padded token sequences of one learner, and packing rollouts into one."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from workbench.core.types import Rollout
+
+if TYPE_CHECKING:
+    pass
+
+
+@dataclass
+class TokenBatch:
+    """Right-padded token sequences of one learner, ready for a forward pass.
+
+    Attributes:
+        input_ids_B_T: Prompt + response ids, right padded with the learner's pad id.
+        attention_mask_B_T: 1 on real tokens, 0 on padding.
+        response_mask_B_T: 1 on response tokens (the EOS included), aligned with ``input_ids_B_T``.
+    """
+
+    input_ids_B_T: torch.Tensor
+    attention_mask_B_T: torch.Tensor
+    response_mask_B_T: torch.Tensor
+
+    def __len__(self) -> int:
+        return self.input_ids_B_T.shape[0]
+
+    def select(self, indices: Iterable[int] | torch.Tensor) -> TokenBatch:
+        """The rows ``indices``, trailing all-padding columns dropped (for micro-batching)."""
+        index_B = torch.as_tensor(
+            list(indices) if not torch.is_tensor(indices) else indices, dtype=torch.long
+        )
+        index_B = index_B.to(self.input_ids_B_T.device)
+        attn_B_T = self.attention_mask_B_T[index_B]
+        width = int(attn_B_T.sum(dim=-1).max()) if len(index_B) else 0
+        return TokenBatch(
+            input_ids_B_T=self.input_ids_B_T[index_B, :width],
+            attention_mask_B_T=attn_B_T[:, :width],
+            response_mask_B_T=self.response_mask_B_T[index_B, :width],
+        )
+
+    def to(self, device: torch.device | str) -> TokenBatch:
+        """A copy on ``device`` (self when already there)."""
+        if self.input_ids_B_T.device == torch.device(device):
+            return self
+        return TokenBatch(
+            self.input_ids_B_T.to(device),
+            self.attention_mask_B_T.to(device),
+            self.response_mask_B_T.to(device),
+        )
+
+
+def pack(pairs: list[tuple[list[int], list[int]]], pad_id: int) -> TokenBatch:
+    """Right-pads ``(prompt_ids, response_ids)`` pairs into a `TokenBatch` (on CPU)."""
+    width = max((len(p) + len(r) for p, r in pairs), default=0)
+    ids_B_T = torch.full((len(pairs), width), pad_id, dtype=torch.long)
+    attn_B_T = torch.zeros((len(pairs), width), dtype=torch.long)
+    resp_B_T = torch.zeros((len(pairs), width), dtype=torch.long)
+    for i, (prompt, response) in enumerate(pairs):
+        n_p, n = len(prompt), len(prompt) + len(response)
+        ids_B_T[i, :n] = torch.tensor(prompt + response, dtype=torch.long)
+        attn_B_T[i, :n] = 1
+        resp_B_T[i, n_p:n] = 1
+    return TokenBatch(ids_B_T, attn_B_T, resp_B_T)
+
+
+def self_token_batch(rollouts: list[Rollout], pad_id: int) -> TokenBatch:
+    """The author's own view of its rollouts: ``prompt_ids + response_ids``."""
+    return pack([(r.prompt_ids, r.response_ids) for r in rollouts], pad_id)

@@ -1,0 +1,101 @@
+"""Experiment YAML files: the ``base:`` chain, ``--set`` overrides, and `load_experiment`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from workbench.config.experiment import ConfigError, ExperimentConfig, from_dict
+
+
+def parse_overrides(overrides: list[str] | dict[str, Any] | None) -> dict[str, Any]:
+    """Turn ``["train.lr=1e-3", "hacpo.alpha=2"]`` into ``{"train.lr": 0.001, ...}`` (YAML values)."""
+    if overrides is None:
+        return {}
+    if isinstance(overrides, dict):
+        return dict(overrides)
+    parsed = {}
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r}: expected key=value, e.g. hacpo.alpha=2.0")
+        key, raw = item.split("=", 1)
+        parsed[key.strip()] = yaml.safe_load(raw)
+    return parsed
+
+
+def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """Set dotted keys (``train.lr``, ``agents.0.lora.r``) in a copy of ``data``."""
+    import copy
+
+    data = copy.deepcopy(data)
+    for dotted, value in overrides.items():
+        node: Any = data
+        parts = dotted.split(".")
+        for part in parts[:-1]:
+            if isinstance(node, list):
+                node = node[int(part)]
+            else:
+                node = node.setdefault(part, {})
+        last = parts[-1]
+        if isinstance(node, list):
+            node[int(last)] = value
+        else:
+            node[last] = value
+    return data
+
+
+def _merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    """Deep-merge mappings (``update`` wins; lists are replaced, not concatenated)."""
+    out = dict(base)
+    for key, value in update.items():
+        out[key] = (
+            _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+        )
+    return out
+
+
+def _read_yaml_with_base(path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
+    """Read an experiment YAML; a ``base: other.yaml`` key (relative to the file) is merged underneath."""
+    if not path.is_file():
+        available = sorted(p.name for p in path.parent.glob("*.yaml")) if path.parent.is_dir() else []
+        raise ConfigError(f"experiment file {str(path)!r} not found; available in {path.parent}: {available}")
+    if path.resolve() in seen:
+        raise ConfigError(f"{path}: 'base' chain loops: {[str(p) for p in seen]}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: an experiment config must be a mapping, got {type(data).__name__}")
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    parent = _read_yaml_with_base(path.parent / str(base), (*seen, path.resolve()))
+    parent.pop("experiment", None)  # the derived file is its own experiment (named after the file)
+    return _merge(parent, data)
+
+
+def load_experiment(
+    path: str | Path, overrides: list[str] | dict[str, Any] | None = None
+) -> ExperimentConfig:
+    """Read an experiment YAML (and its ``base:`` chain), apply ``--set``-style overrides, validate.
+
+    Args:
+        path: YAML file (``experiments/quickstart.yaml``).
+        overrides: ``["train.steps=5"]`` or ``{"train.steps": 5}``.
+
+    Returns:
+        The validated config.
+
+    Raises:
+        ConfigError: the file is missing or malformed, or a key/value is invalid (the message names it).
+    """
+    path = Path(path)
+    data = _read_yaml_with_base(path, seen=())
+    data.setdefault("experiment", path.stem)
+    try:
+        return from_dict(apply_overrides(data, parse_overrides(overrides)))
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None

@@ -1,0 +1,51 @@
+"""Every environment variable the workbench reads, in one place, read when asked (never at import time).
+
+| variable | default | meaning |
+|---|---|---|
+| ``HACPO_CACHE`` | ``~/.cache/hacpo-workbench`` | converted embedded models and built tiny agents |
+| ``HACPO_TINY_WARM_STEPS`` | unset | every tiny preset's warm-start steps (tests build in seconds) |
+| ``HACPO_DATA_DIR`` | unset | where the paper's data files are looked up (`workbench.tasks.loaders`) |
+| ``HF_HUB_OFFLINE`` / ``HF_DATASETS_OFFLINE`` | unset | Hugging Face's own switches; read to explain errors |
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = ["cache_root", "data_dir", "hub_offline", "tiny_warm_steps"]
+
+DATA_DIR_ENV = "HACPO_DATA_DIR"
+PACKAGE_PARENT = Path(__file__).resolve().parents[2]
+"""The folder holding the ``workbench`` package: the project root of a checkout (notebooks/, experiments/)."""
+
+
+def cache_root() -> Path:
+    """The workbench cache directory: ``$HACPO_CACHE``, default ``~/.cache/hacpo-workbench``."""
+    return Path(os.environ.get("HACPO_CACHE") or "~/.cache/hacpo-workbench").expanduser()
+
+
+def tiny_warm_steps() -> int | None:
+    """``$HACPO_TINY_WARM_STEPS`` as an integer, or None when unset.
+
+    Raises:
+        ValueError: The variable is set to something other than a non-negative integer.
+    """
+    raw = os.environ.get("HACPO_TINY_WARM_STEPS", "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit():
+        raise ValueError(f"HACPO_TINY_WARM_STEPS = {raw!r} is not allowed: a non-negative integer, or unset")
+    return int(raw)
+
+
+def data_dir() -> Path | None:
+    """``$HACPO_DATA_DIR`` as a path, or None when unset."""
+    raw = os.environ.get(DATA_DIR_ENV)
+    return Path(raw).expanduser() if raw else None
+
+
+def hub_offline(*, datasets: bool = False) -> bool:
+    """True when ``HF_HUB_OFFLINE`` (with ``datasets`` also ``HF_DATASETS_OFFLINE``) is set (truthy)."""
+    keys = ["HF_HUB_OFFLINE"] + (["HF_DATASETS_OFFLINE"] if datasets else [])
+    return any(os.environ.get(k, "0").strip() not in ("", "0", "false", "False") for k in keys)

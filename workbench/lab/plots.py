@@ -1,0 +1,453 @@
+"""Altair charts of runs (Figures 3-4 style and the training diagnostics) and their export.
+
+Every chart function takes the WIDE frame of ``workbench.lab.frames.load_runs`` (or ``explore.metrics_frame``)
+or the LONG frame of ``melt_metric`` for its key family, and returns a finished chart in the house style:
+
+| function | keys | figure |
+|---|---|---|
+| :func:`training_curves` | ``eval/acc``, ``train/acc`` | accuracy per agent and method (Fig. 3) |
+| :func:`ablation_curves` | ``eval/acc`` | HACPO and its ablations (Fig. 4) |
+| :func:`capability_chart` | ``capability`` | windowed accuracy P̂ per agent (Eq. 9) |
+| :func:`omega_chart` | ``omega`` | ω = P̂_learner / P̂_source (Eq. 8) |
+| :func:`ratio_chart` | ``is/*/*/ratio_*`` | self vs cross sequence ratio s, mean with a min-max band |
+| :func:`clip_fraction_chart` | ``is/*/*/clip_frac``, ``in_range_frac`` | clipped / in-range fractions |
+| :func:`cross_weight_chart` | ``explore.cross_weight_table`` | a cross sample's weight against s |
+| :func:`cost_chart` | ``cost`` | rollouts generated vs trained per agent |
+
+The style lives in one place (:data:`THEME`, :data:`PALETTE`, :data:`DASHES`, :data:`SHAPES`): series differ
+by colour *and* dash *and* marker, so figures stay readable in greyscale print. :func:`save_chart` writes PNG,
+SVG and self-contained HTML atomically; :func:`setup_notebook` selects the offline ``svg`` renderer
+(JupyterLab 4's own renderer does not know Vega-Lite v6). altair is imported here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+import altair as alt
+import pandas as pd
+
+from workbench.core.io import atomic_write_bytes
+from workbench.lab.tables import as_long, method_label, method_sort_key
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "DASHES",
+    "PALETTE",
+    "SHAPES",
+    "THEME",
+    "ablation_curves",
+    "capability_chart",
+    "chart_to_svg",
+    "clip_fraction_chart",
+    "cost_chart",
+    "cross_weight_chart",
+    "omega_chart",
+    "ratio_chart",
+    "save_chart",
+    "setup_notebook",
+    "training_curves",
+]
+
+# ---------------------------------------------------------------------------------------------------------
+# The house style, in one place.
+#: Okabe-Ito colours (colour-blind safe), then black.
+PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000")
+#: Dash patterns paired with the colours, so series differ in greyscale too.
+DASHES = ([1, 0], [6, 3], [2, 2], [8, 3, 2, 3], [4, 4], [1, 4], [10, 2], [3, 6])
+#: Marker shapes paired with the colours.
+SHAPES = ("circle", "square", "triangle-up", "diamond", "cross", "triangle-down", "triangle-left", "stroke")
+#: Fixed colour of each known method, so one method looks the same in every figure.
+METHOD_COLORS = {
+    "hacpo": "#D55E00",
+    "gspo": "#0072B2",
+    "grpo": "#009E73",
+    "gspo_x2": "#56B4E9",
+    "naive": "#000000",
+}
+PANEL_WIDTH, PANEL_HEIGHT = 240, 160
+#: Vega-Lite config applied to every chart (also registered as the altair theme ``"hacpo"``).
+THEME: dict = {
+    "font": "Helvetica, Arial, sans-serif",
+    "background": "white",
+    "view": {"stroke": "#BBBBBB", "continuousWidth": PANEL_WIDTH, "continuousHeight": PANEL_HEIGHT},
+    "axis": {"labelFontSize": 11, "titleFontSize": 12, "gridColor": "#E5E5E5", "tickColor": "#888888"},
+    "header": {"labelFontSize": 12, "titleFontSize": 12},
+    "legend": {"labelFontSize": 11, "titleFontSize": 12, "orient": "bottom", "symbolStrokeWidth": 2},
+    "title": {"fontSize": 14, "anchor": "start"},
+    "line": {"strokeWidth": 2},
+    "point": {"size": 36, "filled": True},
+}
+
+
+@alt.theme.register("hacpo", enable=False)
+def _hacpo_theme() -> alt.theme.ThemeConfig:
+    return {"config": THEME}
+
+
+def setup_notebook() -> None:
+    """Render charts offline in JupyterLab: the ``svg`` renderer (via vl-convert) and the house theme."""
+    alt.renderers.enable("svg")
+    alt.theme.enable("hacpo")
+    alt.data_transformers.disable_max_rows()  # long runs exceed altair's 5,000-row default
+
+
+def _finish(chart: alt.TopLevelMixin, title: str | None) -> alt.TopLevelMixin:
+    if title:
+        chart = chart.properties(title=title)
+    return chart.configure(**THEME)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Series styling and frame helpers.
+def _style(field: str, domain: Sequence[str], title: str, colors: Sequence[str] | None = None) -> dict:
+    """Colour + dash + shape encodings sharing one legend for a nominal ``field`` with this ``domain``."""
+    domain = list(domain)
+    colors = list(colors) if colors is not None else [PALETTE[i % len(PALETTE)] for i in range(len(domain))]
+    n = len(domain)
+    legend = {"title": title, "sort": domain}
+    return {
+        "color": alt.Color(f"{field}:N", scale=alt.Scale(domain=domain, range=colors), **legend),
+        "strokeDash": alt.StrokeDash(
+            f"{field}:N",
+            scale=alt.Scale(domain=domain, range=[DASHES[i % len(DASHES)] for i in range(n)]),
+            **legend,
+        ),
+        "shape": alt.Shape(
+            f"{field}:N",
+            scale=alt.Scale(domain=domain, range=[SHAPES[i % len(SHAPES)] for i in range(n)]),
+            **legend,
+        ),
+    }
+
+
+def _method_style(algorithms: Sequence[str]) -> tuple[dict, list[str]]:
+    """Styles keyed by method label, in paper order, known methods in their fixed colours."""
+    ordered = sorted(dict.fromkeys(algorithms), key=method_sort_key)
+    spare = iter(c for c in PALETTE if c not in METHOD_COLORS.values())
+    colors = [METHOD_COLORS.get(a) or next(spare, PALETTE[0]) for a in ordered]
+    labels = [method_label(a) for a in ordered]
+    return _style("method", labels, "method", colors), labels
+
+
+def _long(df: pd.DataFrame, prefix: str, needed: Sequence[str]) -> pd.DataFrame:
+    long = as_long(df, prefix)
+    missing = [c for c in needed if c not in long.columns]
+    if missing:
+        raise ValueError(f"the {prefix!r} frame lacks columns {missing}; it has {list(long.columns)}")
+    long = long.dropna(subset=["value"])
+    if long.empty:
+        raise ValueError(f"no {prefix!r} values to plot")
+    return long
+
+
+def _lines(
+    y: str, style: dict, y_title: str, tooltip: Sequence[str], *, points: bool = True, **y_kw
+) -> list[alt.Chart]:
+    """Line (colour + dash) and point (colour + shape) layers over ``step``, without data (see _facet)."""
+    base = alt.Chart().encode(
+        x=alt.X("step:Q", title="step"), y=alt.Y(f"{y}:Q", title=y_title, **y_kw), tooltip=list(tooltip)
+    )
+    layers = [base.mark_line().encode(color=style["color"], strokeDash=style["strokeDash"])]
+    if points:
+        layers.append(base.mark_point().encode(color=style["color"], shape=style["shape"]))
+    return layers
+
+
+def _rule(channel: str, at: float = 1.0) -> alt.Chart:
+    """A dotted grey reference line at ``at`` on ``channel`` ("x" or "y")."""
+    return alt.Chart().mark_rule(color="#888888", strokeDash=[2, 2]).encode(**{channel: alt.datum(at)})
+
+
+def _facet(
+    layers: Sequence[alt.Chart], data: pd.DataFrame, column: str | None, row: str | None
+) -> alt.TopLevelMixin:
+    """Layer data-less ``layers`` over ``data``; facet by ``column`` (wrapping at 3) and/or ``row`` when
+    they take more than one value. The data sits on the top level so every panel sees only its rows."""
+    chart = alt.layer(*layers, data=data).properties(width=PANEL_WIDTH, height=PANEL_HEIGHT)
+    col = column if column and data[column].nunique() > 1 else None
+    rw = row if row and data[row].nunique() > 1 else None
+    if col is None and rw is None:
+        return chart
+    sort_of = {f: list(dict.fromkeys(data[f].tolist())) for f in (col, rw) if f}
+    if rw is None:
+        return chart.facet(facet=alt.Facet(f"{col}:N", title=None, sort=sort_of[col]), columns=3)
+    kwargs = {"row": alt.Row(f"{rw}:N", title=None, sort=sort_of[rw])}
+    if col:
+        kwargs["column"] = alt.Column(f"{col}:N", title=None, sort=sort_of[col])
+    return chart.facet(**kwargs)
+
+
+def _runs_field(long: pd.DataFrame) -> pd.Series:
+    """A readable label per run: ``"<method> (<run id>)"``."""
+    return long["algorithm"].map(method_label) + " (" + long["run"].astype(str) + ")"
+
+
+def _source_kind(long: pd.DataFrame) -> pd.Series:
+    """``"self"`` for a learner's own samples, ``"cross ← <source>"`` for shared ones."""
+    cross = "cross ← " + long["source"].astype(str)
+    return cross.where(long["source"] != long["learner"], "self")
+
+
+def _kind_domain(kinds: pd.Series) -> list[str]:
+    return sorted(set(kinds), key=lambda k: (k != "self", k))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Chart functions.
+def training_curves(
+    df: pd.DataFrame,
+    metric: str = "eval/acc",
+    *,
+    agents: Sequence[str] | None = None,
+    algorithms: Sequence[str] | None = None,
+    title: str | None = None,
+    y_title: str = "accuracy",
+) -> alt.TopLevelMixin:
+    """Figure 3: a metric over steps, one panel per agent, one line per method (mean over its runs).
+
+    Args:
+        df: ``load_runs`` (wide) or ``melt_metric(df, metric)`` (long: step, agent, algorithm, value).
+        metric: Key family with one ``agent`` segment (``"eval/acc"``, ``"train/acc"``, ``"capability"``).
+        agents: Agents to show (default all).
+        algorithms: Methods to show (default all).
+        title: Chart title.
+        y_title: Y axis title.
+    """
+    long = _long(df, metric, ["step", "agent", "algorithm", "value"])
+    if agents is not None:
+        long = long[long["agent"].isin(agents)]
+    if algorithms is not None:
+        long = long[long["algorithm"].isin(algorithms)]
+    if long.empty:
+        raise ValueError(f"no {metric!r} values for agents={agents} algorithms={algorithms}")
+    data = long.groupby(["agent", "algorithm", "step"], as_index=False, sort=False)["value"].mean()
+    style, _ = _method_style(data["algorithm"].tolist())
+    data["method"] = data["algorithm"].map(method_label)
+    layers = _lines("value", style, y_title, data.columns, scale=alt.Scale(zero=False))
+    return _finish(_facet(layers, data, "agent", None), title)
+
+
+def ablation_curves(
+    df: pd.DataFrame,
+    metric: str = "eval/acc",
+    *,
+    variants: Sequence[str] | None = None,
+    agents: Sequence[str] | None = None,
+    title: str | None = "HACPO ablations",
+) -> alt.TopLevelMixin:
+    """Figure 4: HACPO against its ablations (default: every ``hacpo*`` algorithm in ``df``).
+
+    Args:
+        df: As for :func:`training_curves`.
+        metric: Key family with one ``agent`` segment.
+        variants: Algorithms to compare (e.g. ``["hacpo", "hacpo-nostepwise", "hacpo-noclip"]``).
+        agents: Agents to show.
+        title: Chart title.
+    """
+    if variants is None:
+        algorithms = df["algorithm"].dropna().unique().tolist()
+        variants = [a for a in algorithms if a == "hacpo" or a.startswith("hacpo-")]
+    return training_curves(df, metric, agents=agents, algorithms=variants, title=title)
+
+
+def capability_chart(
+    df: pd.DataFrame, *, title: str | None = "capability (windowed accuracy, Eq. 9)"
+) -> alt.TopLevelMixin:
+    """P̂ per agent over steps (Eq. 9); one panel per run when there are several."""
+    long = _long(df, "capability", ["run", "algorithm", "step", "agent", "value"])
+    data = long[["step", "agent", "value"]].assign(run_label=_runs_field(long))
+    style = _style("agent", list(dict.fromkeys(data["agent"])), "agent")
+    layers = _lines("value", style, "capability", data.columns, scale=alt.Scale(domain=[0, 1]))
+    return _finish(_facet(layers, data, "run_label", None), title)
+
+
+def omega_chart(
+    df: pd.DataFrame, *, title: str | None = "capability ratio ω (learner / source)"
+) -> alt.TopLevelMixin:
+    """ω^(learner, source) = P̂_learner / P̂_source over steps (Eq. 8), log scale, a rule at 1."""
+    long = _long(df, "omega", ["run", "algorithm", "step", "learner", "source", "value"])
+    long = long[long["learner"] != long["source"]]
+    if long.empty:
+        raise ValueError("no off-diagonal omega/<learner>/<source> values to plot (one agent?)")
+    data = long[["step", "value"]].assign(
+        pair=long["learner"] + " / " + long["source"], run_label=_runs_field(long)
+    )
+    style = _style("pair", list(dict.fromkeys(data["pair"])), "ω")
+    layers = _lines("value", style, "ω", data.columns, scale=alt.Scale(type="log"))
+    return _finish(_facet([*layers, _rule("y")], data, "run_label", None), title)
+
+
+def _is_stats(df: pd.DataFrame, stats: Sequence[str]) -> pd.DataFrame:
+    long = _long(df, "is", ["run", "algorithm", "step", "learner", "source", "stat", "value"])
+    long = long[long["stat"].isin(stats)]
+    if long.empty:
+        raise ValueError(f"no is/<learner>/<source>/{{{','.join(stats)}}} values to plot")
+    return long.assign(kind=_source_kind(long), run_label=_runs_field(long))
+
+
+def ratio_chart(
+    df: pd.DataFrame, *, title: str | None = "sequence ratio s: self vs cross"
+) -> alt.TopLevelMixin:
+    """Mean sequence ratio s of self and cross samples per learner, with a min-max band (Table 6 over time).
+
+    One panel per learner (and per run when there are several); the dotted rule marks s = 1.
+    """
+    long = _is_stats(df, ["ratio_mean", "ratio_min", "ratio_max"])
+    keys = ["run_label", "learner", "kind", "step"]
+    data = long.pivot_table(index=keys, columns="stat", values="value", aggfunc="mean").reset_index()
+    data.columns.name = None
+    for stat in ("ratio_mean", "ratio_min", "ratio_max"):
+        if stat not in data.columns:
+            data[stat] = float("nan")
+    domain = _kind_domain(data["kind"])
+    style = _style("kind", domain, "samples")
+    band = (
+        alt.Chart()
+        .mark_area(opacity=0.18)
+        .encode(x="step:Q", y=alt.Y("ratio_min:Q", title="s"), y2="ratio_max:Q", color=style["color"])
+    )
+    lines = _lines("ratio_mean", style, "s", data.columns, scale=alt.Scale(zero=False))
+    return _finish(_facet([band, *lines, _rule("y")], data, "learner", "run_label"), title)
+
+
+def clip_fraction_chart(
+    df: pd.DataFrame, *, title: str | None = "clipped and in-range fractions"
+) -> alt.TopLevelMixin:
+    """Per learner (a column of panels each): fraction of self/cross samples clipped (``clip_frac``) and of
+    cross samples in [lower bound, 1] (``in_range_frac``: those that get gradient), a row per statistic."""
+    long = _is_stats(df, ["clip_frac", "in_range_frac"])
+    data = long[["run_label", "learner", "kind", "stat", "step", "value"]]
+    data = data.assign(panel=data["learner"])
+    if data["run_label"].nunique() > 1:
+        data = data.assign(panel=data["run_label"] + ", " + data["learner"])
+    style = _style("kind", _kind_domain(data["kind"]), "samples")
+    layers = _lines("value", style, "fraction", data.columns, scale=alt.Scale(domain=[0, 1]))
+    return _finish(_facet(layers, data, "panel", "stat"), title)
+
+
+def cross_weight_chart(
+    table: pd.DataFrame, *, title: str | None = "cross-sample weight clip(s)·sg[clip(s)]^α·ω"
+) -> alt.TopLevelMixin:
+    """The weight of a cross sample against its ratio s, one curve per mini-batch (stepwise bounds).
+
+    Args:
+        table: ``workbench.lab.explore.cross_weight_table`` output (pair, minibatch, lower_bound, s, weight).
+        title: Chart title.
+    """
+    needed = ["pair", "minibatch", "lower_bound", "s", "weight"]
+    missing = [c for c in needed if c not in table.columns]
+    if missing or table.empty:
+        raise ValueError(f"table must be a non-empty cross_weight_table frame; missing columns {missing}")
+    labels = table["minibatch"].astype(str).radd("m = ") + table["lower_bound"].map(
+        lambda b: f" (lb {b:.3f})" if b > float("-inf") else " (no clip)"
+    )
+    data = table[["pair", "s", "weight"]].assign(minibatch=labels)
+    style = _style("minibatch", list(dict.fromkeys(labels)), "mini-batch")
+    lines = (
+        alt.Chart()
+        .mark_line()
+        .encode(
+            x=alt.X("s:Q", title="sequence ratio s"),
+            y=alt.Y("weight:Q", title="weight"),
+            color=style["color"],
+            strokeDash=style["strokeDash"],
+            tooltip=list(data.columns),
+        )
+    )
+    return _finish(_facet([lines, _rule("x")], data, "pair", None), title)
+
+
+def cost_chart(
+    df: pd.DataFrame, *, unit: str = "responses", title: str | None = "rollouts generated vs trained on"
+) -> alt.TopLevelMixin:
+    """Cumulative responses (or tokens) each agent generated and trained on, per method.
+
+    Sharing shows as ``trained`` above ``generated``: HACPO trains on its partners' rollouts too.
+
+    Args:
+        df: ``load_runs`` (wide) or ``melt_metric(df, "cost")`` (long: agent, stat).
+        unit: ``"responses"`` or ``"tokens"``.
+        title: Chart title.
+    """
+    if unit not in ("responses", "tokens"):
+        raise ValueError(f"unit must be 'responses' or 'tokens', got {unit!r}")
+    long = _long(df, "cost", ["run", "algorithm", "step", "agent", "stat", "value"])
+    long = long[long["stat"].isin([f"generated_{unit}", f"trained_{unit}"])]
+    if long.empty:
+        raise ValueError(f"no cost/<agent>/generated_{unit} or trained_{unit} values to plot")
+    data = long.groupby(["agent", "algorithm", "stat", "step"], as_index=False, sort=False)["value"].mean()
+    data["kind"] = data["stat"].str.split("_").str[0]
+    method, _ = _method_style(data["algorithm"].tolist())
+    data["method"] = data["algorithm"].map(method_label)
+    dash = alt.StrokeDash(
+        "kind:N",
+        title="rollouts",
+        scale=alt.Scale(domain=["generated", "trained"], range=[DASHES[0], DASHES[1]]),
+    )
+    base = alt.Chart().encode(
+        x=alt.X("step:Q", title="step"),
+        y=alt.Y("value:Q", title=f"cumulative {unit}"),
+        tooltip=list(data.columns),
+    )
+    lines = base.mark_line().encode(color=method["color"], strokeDash=dash, detail="method:N")
+    marks = base.mark_point().encode(color=method["color"], shape=method["shape"])
+    return _finish(_facet([lines, marks], data, "agent", None), title)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Export.
+def _render(chart: alt.TopLevelMixin, fmt: str, scale: float) -> bytes:
+    if fmt == "png":
+        buffer = io.BytesIO()
+        chart.save(buffer, format="png", scale_factor=scale)
+        return buffer.getvalue()
+    text = io.StringIO()
+    if fmt == "html":
+        chart.save(text, format="html", inline=True)
+    else:
+        chart.save(text, format=fmt)
+    return text.getvalue().encode("utf-8")
+
+
+def chart_to_svg(chart: alt.TopLevelMixin) -> str:
+    """The chart as an SVG document (rendered offline by vl-convert), e.g. for an ipywidgets HTML."""
+    return _render(chart, "svg", 1.0).decode("utf-8")
+
+
+def save_chart(
+    chart: alt.TopLevelMixin,
+    path_stem: str | Path,
+    formats: Sequence[str] = ("png", "svg", "html"),
+    *,
+    scale: float = 2.0,
+) -> list[Path]:
+    """Write ``chart`` to ``<path_stem>.<format>`` for each format, atomically.
+
+    Args:
+        chart: Any altair chart.
+        path_stem: Target path without suffix (``figures/fig3``); its directory is created.
+        formats: Any of ``"png"`` (``scale``× resolution), ``"svg"``, ``"html"`` (self-contained, works
+            offline), ``"pdf"``, ``"json"`` (the Vega-Lite spec).
+        scale: PNG scale factor.
+
+    Returns:
+        The paths written, in the order of ``formats``.
+    """
+    allowed = ("png", "svg", "html", "pdf", "json")
+    unknown = [f for f in formats if f not in allowed]
+    if unknown or not formats:
+        raise ValueError(f"formats {list(formats)} invalid: each must be one of {allowed}")
+    stem = Path(path_stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    written = []
+    for fmt in formats:
+        path = stem.with_name(f"{stem.name}.{fmt}")
+        atomic_write_bytes(path, _render(chart, fmt, scale))
+        written.append(path)
+    logger.info("saved %s", ", ".join(str(p) for p in written))
+    return written

@@ -1,0 +1,414 @@
+"""Run directories: creating them, writing into them, and loading any set of them into pandas.
+
+A run directory is ``results/<experiment>/<run-id>/`` and holds (the contract shared with the trainer,
+plots, tables and notebooks; metric keys are documented in the README):
+
+| file | written by | content |
+|---|---|---|
+| ``config.yaml`` | `RunWriter.write_config` (first) | the resolved experiment config |
+| ``environment.json`` | `RunWriter.write_environment` | versions, device, git commit, start, resumes |
+| ``metrics.jsonl`` | `RunWriter.log_metrics` | ``{"step": 3, "<namespaced key>": float, ...}`` per line |
+| ``evals.csv`` | `RunWriter.append_evals` | ``step, agent, benchmark, metric, value`` |
+| ``samples/step_000003.jsonl`` | `RunWriter.write_samples` | a sample of rollouts of that step |
+| ``checkpoints/`` | `workbench.train.checkpoint` | ``step_000010/`` dirs + ``latest`` pointer |
+| ``DONE`` | `RunWriter.mark_done` | JSON summary; the run finished |
+
+Every write is atomic (`workbench.core.io`); `create_run_dir` makes the directory exclusively, so two runs never
+share one. Loading is `load_runs` (wide metrics), `load_evals` and `melt_metric` (long form).
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import importlib.metadata
+import io
+import json
+import logging
+import platform
+import re
+import secrets
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from workbench.core import io as wio
+from workbench.core.io import to_float, to_jsonable, to_plain
+
+__all__ = [
+    "EVAL_COLUMNS",
+    "RunWriter",
+    "collect_environment",
+    "config_hash",
+    "create_run_dir",
+    "find_run",
+]
+
+logger = logging.getLogger(__name__)
+
+EVAL_COLUMNS = ("step", "agent", "benchmark", "metric", "value")
+_EVAL_METRIC_RE = re.compile(r"^(greedy_acc|(avg|pass|best)@[1-9][0-9]*)$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
+_MAX_TRIES = 100
+
+
+def config_hash(cfg: dict[str, Any]) -> str:
+    """A stable 12-hex-digit hash of a resolved config (key order, tuples vs lists and paths vs strings
+    do not matter), used to decide whether a run directory holds "the same config"."""
+    text = json.dumps(to_plain(cfg), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
+
+
+_ENV_PACKAGES = (
+    "torch", "transformers", "peft", "bitsandbytes", "tokenizers", "safetensors", "numpy", "pandas",
+    "math-verify", "reasoning-gym", "altair", "papermill", "hacpo-workbench",
+)  # fmt: skip
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], capture_output=True, text=True, timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip()
+
+
+def _device_info() -> dict[str, Any]:
+    """Device facts from torch when it is importable (it always is in the workbench's venv)."""
+    try:
+        import torch
+    except ImportError:
+        return {"device": "unknown (torch not importable)"}
+    info: dict[str, Any] = {"device": "cpu", "torch_threads": torch.get_num_threads()}
+    if torch.cuda.is_available():
+        info.update(
+            device=f"cuda ({torch.cuda.get_device_name(0)})",
+            cuda_version=torch.version.cuda,
+            cuda_device_count=torch.cuda.device_count(),
+        )
+    return info
+
+
+def collect_environment() -> dict[str, Any]:
+    """Python, platform, package versions, device, git commit (None outside a git checkout), start time."""
+    versions: dict[str, str | None] = {}
+    for name in _ENV_PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    return {
+        "start_time": datetime.now(UTC).isoformat(timespec="seconds"),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "hostname": platform.node(),
+        "cwd": str(Path.cwd()),
+        "argv": list(sys.argv),
+        "packages": versions,
+        **_device_info(),
+        "git_commit": _git("rev-parse", "HEAD"),
+        "git_dirty": None if status is None else bool(status),
+    }
+
+
+def _check_name(kind: str, value: str) -> None:
+    if not isinstance(value, str) or not _NAME_RE.match(value):
+        raise ValueError(
+            f"{kind}={value!r} is not a valid directory name: use letters, digits and _ . + - "
+            "(not starting with . or -)"
+        )
+
+
+def _utc_stamp() -> str:
+    """The timestamp part of a default run id (a function so tests can force collisions)."""
+    return datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+
+
+def create_run_dir(root: Path | str, experiment: str, *, run_id: str | None = None) -> Path:
+    """Create ``root/<experiment>/<run-id>/`` exclusively.
+
+    Args:
+        root: The results root (``results/``); created if missing.
+        experiment: Experiment name (a directory name).
+        run_id: Explicit run id; default ``<UTC timestamp>-<4 random hex>``, retried with a fresh suffix if
+            another process took the same name first.
+
+    Returns:
+        The new, empty run directory.
+
+    Raises:
+        FileExistsError: An explicit ``run_id`` already exists (resume it instead).
+        ValueError: ``experiment`` or ``run_id`` is not a safe directory name.
+    """
+    _check_name("experiment", experiment)
+    exp_dir = Path(root) / experiment
+    exp_dir.mkdir(parents=True, exist_ok=True)
+    if run_id is not None:
+        _check_name("run_id", run_id)
+        path = exp_dir / run_id
+        try:
+            path.mkdir()  # no exist_ok: the directory is ours only if we created it
+        except FileExistsError:
+            raise FileExistsError(
+                f"run directory {path} already exists: resume it (load its latest checkpoint) "
+                "or pass another run_id"
+            ) from None
+        return path
+    for _ in range(_MAX_TRIES):
+        path = exp_dir / f"{_utc_stamp()}-{secrets.token_hex(2)}"
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"could not create a unique run directory under {exp_dir} in {_MAX_TRIES} tries")
+
+
+def _read_config(run_dir: Path) -> dict[str, Any]:
+    cfg = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{run_dir / 'config.yaml'}: expected a mapping, got {type(cfg).__name__}")
+    return cfg
+
+
+def find_run(root: Path | str, experiment: str, cfg_hash: str) -> Path | None:
+    """The newest run of ``experiment`` whose ``config.yaml`` hashes to ``cfg_hash`` (for resume/skip).
+
+    "Newest" is by ``config.yaml`` modification time, then by name. Unreadable configs are skipped with a
+    warning.
+    """
+    exp_dir = Path(root) / experiment
+    if not exp_dir.is_dir():
+        return None
+    matches: list[tuple[int, str, Path]] = []
+    for cfg_path in exp_dir.glob("*/config.yaml"):
+        try:
+            cfg = _read_config(cfg_path.parent)
+        except (OSError, ValueError, yaml.YAMLError) as err:
+            logger.warning("find_run: skipping %s: %s", cfg_path, err)
+            continue
+        if config_hash(cfg) == cfg_hash:
+            matches.append((cfg_path.stat().st_mtime_ns, cfg_path.parent.name, cfg_path.parent))
+    return max(matches)[2] if matches else None
+
+
+def _step_of(value: Any, lowest: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
+        raise ValueError(f"step must be an int >= {lowest}, got {value!r}")
+    return value
+
+
+class RunWriter:
+    """Writes one run directory. ``write_config`` must come first; every other write checks it.
+
+    Args:
+        run_dir: An existing run directory (from `create_run_dir`, or an old one being resumed).
+    """
+
+    def __init__(self, run_dir: Path | str) -> None:
+        self.run_dir = Path(run_dir)
+        if not self.run_dir.is_dir():
+            raise FileNotFoundError(f"run directory {self.run_dir} does not exist (use create_run_dir)")
+        self.config_path = self.run_dir / "config.yaml"
+        self.environment_path = self.run_dir / "environment.json"
+        self.metrics_path = self.run_dir / "metrics.jsonl"
+        self.evals_path = self.run_dir / "evals.csv"
+        self.samples_dir = self.run_dir / "samples"
+        self.done_path = self.run_dir / "DONE"
+        self._last_seen: tuple[int, int] | None = None  # (last step logged, metrics.jsonl size then)
+
+    def _require_config(self, what: str) -> None:
+        if not self.config_path.exists():
+            raise RuntimeError(f"{what}: write_config() must be called first in {self.run_dir}")
+
+    def write_config(self, cfg: dict[str, Any]) -> None:
+        """Write ``config.yaml`` (the first file of a run). Again with the same config: a no-op (resume).
+
+        Raises:
+            ValueError: A different config is already there (names the differing top-level keys).
+            TypeError: The config holds a value YAML cannot represent (names its key path).
+        """
+        plain = to_plain(cfg)
+        if not isinstance(plain, dict):
+            raise TypeError(f"write_config: cfg must be a dict, got {type(cfg).__name__}")
+        if self.config_path.exists():
+            old = _read_config(self.run_dir)
+            if config_hash(old) != config_hash(plain):
+                keys = sorted(k for k in set(old) | set(plain) if old.get(k) != plain.get(k))
+                raise ValueError(
+                    f"{self.config_path} already holds a different config (keys differ: {keys}); "
+                    "a run directory belongs to one config: create a new run"
+                )
+            return
+        wio.atomic_write_yaml(self.config_path, plain)
+
+    def write_environment(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Write ``environment.json``; on resume keep the original and append this start under ``resumes``.
+
+        Args:
+            extra: Additional top-level entries (they override the collected ones of the same name).
+
+        Returns:
+            The entry recorded for this start.
+        """
+        self._require_config("write_environment")
+        env = collect_environment()
+        env.update(to_jsonable(extra or {}))
+        if self.environment_path.exists():
+            doc = _read_json(self.environment_path)
+            doc.setdefault("resumes", []).append(env)
+        else:
+            doc = env
+        wio.atomic_write_json(self.environment_path, doc)
+        return env
+
+    def log_metrics(self, step: int, metrics: dict[str, Any]) -> None:
+        """Append one line ``{"step": step, **metrics}`` to ``metrics.jsonl``.
+
+        Several calls for the same step are allowed (`load_runs` merges them); a step below the last one
+        logged is refused (call `rollback_to` when resuming).
+
+        Raises:
+            TypeError: A key is not a string, or a value is not a scalar number (names the key).
+            ValueError: A bad or decreasing step, or the reserved key ``"step"``.
+        """
+        self._require_config("log_metrics")
+        _step_of(step)
+        last = self._last_logged_step()
+        if step < last:
+            raise ValueError(
+                f"log_metrics: step {step} < last logged step {last} in {self.metrics_path}; "
+                "call rollback_to(step) when resuming from a checkpoint"
+            )
+        row: dict[str, Any] = {"step": step}
+        for key, value in metrics.items():
+            if not isinstance(key, str):
+                raise TypeError(f"log_metrics: metric keys must be str, got {key!r} ({type(key).__name__})")
+            if key == "step":
+                raise ValueError("log_metrics: 'step' is reserved; pass it as the step argument")
+            row[key] = to_float(value, key)
+        wio.append_jsonl(self.metrics_path, row)
+        self._last_seen = (step, self.metrics_path.stat().st_size)
+
+    def _last_logged_step(self) -> int:
+        """Last step in ``metrics.jsonl`` (-1 if none); re-read only when the file changed under us
+        (another writer object, a rollback), so logging stays O(1) per step."""
+        size = self.metrics_path.stat().st_size if self.metrics_path.exists() else -1
+        if self._last_seen is None or self._last_seen[1] != size:
+            rows = wio.read_jsonl(self.metrics_path) if size >= 0 else []
+            self._last_seen = (max((int(r["step"]) for r in rows if "step" in r), default=-1), size)
+        return self._last_seen[0]
+
+    def write_samples(self, step: int, rows: list[dict[str, Any]]) -> Path:
+        """Write ``samples/step_{step:06d}.jsonl`` atomically (tensors/arrays become lists)."""
+        self._require_config("write_samples")
+        _step_of(step)
+        self.samples_dir.mkdir(exist_ok=True)
+        path = self.samples_dir / f"step_{step:06d}.jsonl"
+        text = "".join(_dumps_line(to_jsonable(row)) for row in rows)
+        wio.atomic_write_text(path, text)
+        return path
+
+    def append_evals(self, step: int, rows: list[dict[str, Any]]) -> None:
+        """Append rows ``{agent, benchmark, metric, value}`` at ``step`` to ``evals.csv`` (atomic rewrite).
+
+        Raises:
+            ValueError: A row lacks a field, has a conflicting ``step``, or an unknown metric name
+                (allowed: ``greedy_acc``, ``avg@k``, ``pass@k``, ``best@k`` with an integer k >= 1).
+        """
+        self._require_config("append_evals")
+        _step_of(step)
+        old = self.evals_path.read_text(encoding="utf-8") if self.evals_path.exists() else ""
+        buf = io.StringIO()
+        writer = csv.writer(buf, lineterminator="\n")
+        if not old:
+            writer.writerow(EVAL_COLUMNS)
+        for i, row in enumerate(rows):
+            writer.writerow(_eval_row(step, i, row))
+        wio.atomic_write_text(self.evals_path, old + buf.getvalue())
+
+    def mark_done(self, summary: dict[str, Any]) -> None:
+        """Write the ``DONE`` marker: the summary as JSON plus the finish time."""
+        self._require_config("mark_done")
+        doc = {**to_jsonable(summary), "finished_at": datetime.now(UTC).isoformat(timespec="seconds")}
+        wio.atomic_write_json(self.done_path, doc)
+
+    def is_done(self) -> bool:
+        """True when the run finished (``DONE`` exists)."""
+        return self.done_path.exists()
+
+    def rollback_to(self, step: int) -> dict[str, int]:
+        """Drop everything logged after ``step`` (metrics, evals, samples) and any ``DONE`` marker.
+
+        Called on resume from the checkpoint of ``step``, so the resumed run re-logs those steps exactly
+        once; ``step=-1`` drops every logged step (a run killed before its first checkpoint). Checkpoints
+        are not touched (`workbench.train.checkpoint` owns them).
+
+        Returns:
+            Counts of what was dropped: ``metrics``, ``evals``, ``samples``.
+        """
+        _step_of(step, lowest=-1)
+        dropped = {
+            "metrics": wio.truncate_jsonl(self.metrics_path, lambda r: int(r.get("step", 0)) <= step),
+            "evals": self._truncate_evals(step),
+            "samples": 0,
+        }
+        if self.samples_dir.is_dir():
+            for path in self.samples_dir.glob("step_*.jsonl"):
+                m = re.fullmatch(r"step_(\d+)\.jsonl", path.name)
+                if m and int(m.group(1)) > step:
+                    path.unlink()
+                    dropped["samples"] += 1
+        if self.done_path.exists():
+            self.done_path.unlink()
+        if any(dropped.values()):
+            logger.info("rolled %s back to step %d, dropped %s", self.run_dir, step, dropped)
+        return dropped
+
+    def _truncate_evals(self, step: int) -> int:
+        if not self.evals_path.exists():
+            return 0
+        with open(self.evals_path, newline="", encoding="utf-8") as f:
+            rows = list(csv.reader(f))
+        header, body = rows[:1], rows[1:]
+        kept = [r for r in body if r and int(r[0]) <= step]
+        buf = io.StringIO()
+        csv.writer(buf, lineterminator="\n").writerows(header + kept)
+        wio.atomic_write_text(self.evals_path, buf.getvalue())
+        return len(body) - len(kept)
+
+
+def _eval_row(step: int, index: int, row: dict[str, Any]) -> list[Any]:
+    missing = [c for c in EVAL_COLUMNS[1:] if c not in row]
+    if missing:
+        raise ValueError(
+            f"append_evals: row {index} lacks {missing}; each row needs {list(EVAL_COLUMNS[1:])}"
+        )
+    if "step" in row and row["step"] != step:
+        raise ValueError(f"append_evals: row {index} has step={row['step']!r} but step={step} was passed")
+    metric = str(row["metric"])
+    if not _EVAL_METRIC_RE.match(metric):
+        raise ValueError(
+            f"append_evals: row {index} metric={metric!r}; "
+            "allowed: greedy_acc, avg@k, pass@k, best@k (k >= 1)"
+        )
+    return [step, str(row["agent"]), str(row["benchmark"]), metric, repr(to_float(row["value"], "value"))]
+
+
+def _dumps_line(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False) + "\n"
+
+
+# ---------------------------------------------------------------- loading
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(doc, dict):
+        raise ValueError(f"{path}: expected a JSON object")
+    return doc
