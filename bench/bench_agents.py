@@ -3,7 +3,8 @@
 For a tiny agent (``tiny:llama-bpe``: Llama layers, which 4-bit quantizes) and the embedded SmolLM2-135M it
 prints:
 
-- rollout tokens/s of `workbench.agents.rollout.generate` at batch 64 vs plain ``model.generate`` on the same batch
+- rollout tokens/s of `workbench.agents.rollout.generate` at batch 64 vs plain ``model.generate`` on the same
+batch
   (same prompts, left padding, KV cache, temperature 1, same response cap) and their ratio;
 - scoring forward+backward throughput (`sequence_logprobs` + ``backward``) for full fine-tuning in fp32, LoRA
   and 4-bit LoRA, with each configuration's weight memory (``get_memory_footprint``) and the process's peak

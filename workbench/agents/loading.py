@@ -64,7 +64,8 @@ def resolve_model_source(model: str) -> str:
     if not _HUB_ID.match(model):
         raise AgentLoadError(
             f"model {model!r} is not an embedded model {sorted(EMBEDDED_MODELS)}, a tiny preset "
-            "('tiny:<name>', see workbench.agents.zoo.TINY_PRESETS), an existing directory or a hub id 'owner/name'"
+            "('tiny:<name>', see workbench.agents.zoo.TINY_PRESETS), an existing directory or a hub id "
+            "'owner/name'"
         )
     return model
 
@@ -84,7 +85,7 @@ def load_agent(spec: AgentSpec | dict[str, Any] | str, *, name: str | None = Non
         AgentSpecError: A bad spec field.
         AgentLoadError: A bad path, an unloadable model or tokenizer (the message says how to fix it).
         KeyError: An unknown tiny preset (the message lists them).
-        workbench.agents.embedded.EmbeddedModelError: A missing package (the message gives the install command).
+        workbench.agents.embedded.EmbeddedModelError: A missing package (the message names the install).
     """
     spec = as_spec(spec, name)
     source = resolve_model_source(spec.model)

@@ -3,7 +3,8 @@
 ``load_agent("tiny:<preset>")`` builds a preset on first use (deterministically from its seed) and caches it
 under ``$HACPO_CACHE/tiny/``. A build: tokenizer (character-level, or a byte-level BPE trained with
 ``tokenizers`` on the task text) → model from a transformers config → a short supervised warm start on worked
-solutions of `workbench.tasks.arithmetic.embedded_task` → greedy accuracy on 200 held-out problems, written with the
+solutions of `workbench.tasks.arithmetic.embedded_task` → greedy accuracy on 200 held-out problems, written
+with the
 build time into ``card.json`` next to the weights (`read_card`, `zoo_table`).
 
 Presets cover the paper's three kinds of heterogeneity (spec §1), see `ZOO_PAIRS`:

@@ -41,7 +41,8 @@ class LoraSpec:
     alpha: float = 32.0
     """Scaling numerator: the update is scaled by ``alpha / r``."""
     dropout: float = 0.0
-    """Adapter dropout. The workbench scores and trains in eval mode (see `workbench.agents.rollout`), so this only
+    """Adapter dropout. The workbench scores and trains in eval mode (see `workbench.agents.rollout`), so
+    this only
     matters with gradient checkpointing; keep 0 for exact on-policy ratios."""
     target_modules: tuple[str, ...] | str = "all-linear"
     """Module names to adapt, or ``"all-linear"`` (every linear layer but the output head)."""

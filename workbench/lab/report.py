@@ -1,6 +1,7 @@
 """Paper-style reports from run directories: the tables and figures the notebooks show and save.
 
-Each report reads runs through ``workbench.lab.frames`` only (never trains), builds the pandas tables and altair
+Each report reads runs through ``workbench.lab.frames`` only (never trains), builds the pandas tables and
+altair
 charts, writes them under ``out_dir`` (LaTeX + CSV tables; PNG, SVG and HTML figures) and returns them so a
 notebook can display them. ``05_figures`` calls these on everything under ``results/``.
 """

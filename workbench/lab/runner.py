@@ -2,7 +2,8 @@
 
 Each job executes one notebook of ``notebooks/`` with parameters into ``results/<name>/`` (the executed
 notebook next to the CSV/LaTeX tables and PNG/SVG/HTML figures it writes). Training inside the notebooks goes
-through :func:`workbench.train.trainer.train` with ``resume=True``, so a rerun skips runs that are complete with the
+through :func:`workbench.train.trainer.train` with ``resume=True``, so a rerun skips runs that are complete
+with the
 same config and resumes interrupted ones. ``reproduce`` ends with ``results/index.md`` linking everything.
 """
 

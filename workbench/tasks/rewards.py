@@ -255,7 +255,8 @@ def grade_batch(completions: list[str], answers: list[str], method: str = "math_
 
     Returns:
         One `Grade` per completion, in order. Each math-verify comparison is bounded by
-        `workbench.tasks.verifier.HARD_TIMEOUT_S`; anything unexpected becomes ``"malformed"``, never an exception.
+        `workbench.tasks.verifier.HARD_TIMEOUT_S`; anything unexpected becomes ``"malformed"``, never an
+        exception.
 
     Raises:
         ValueError: Unknown method, or lists of different lengths (programming errors).

@@ -13,8 +13,8 @@ plots, tables and notebooks; metric keys are documented in the README):
 | ``checkpoints/`` | `workbench.train.checkpoint` | ``step_000010/`` dirs + ``latest`` pointer |
 | ``DONE`` | `RunWriter.mark_done` | JSON summary; the run finished |
 
-Every write is atomic (`workbench.core.io`); `create_run_dir` makes the directory exclusively, so two runs never
-share one. Loading is `load_runs` (wide metrics), `load_evals` and `melt_metric` (long form).
+Every write is atomic (`workbench.core.io`); `create_run_dir` makes the directory exclusively, so two runs
+never share one. `workbench.lab.frames` loads run directories into pandas.
 """
 
 from __future__ import annotations
