@@ -22,6 +22,8 @@ import torch
 
 from workbench.config.loading import load_experiment
 from workbench.hacpo import (
+    LossParams,
+    PolicyBatch,
     capability_aware_advantages,
     capability_ratios,
     group_advantages,
@@ -55,15 +57,19 @@ def _time_math(repeats: int = 50) -> dict[str, float]:
     old_B = new_B.detach() + torch.randn(P * A * G, generator=gen) * 0.1
     is_self_B = torch.arange(P * A * G) < P * G
     coef_B = torch.where(is_self_B, 1.0, 2.0)
+    ones_B = torch.ones(P * A * G, 1)
+
+    def batch(n: int, adv_B: torch.Tensor) -> PolicyBatch:  # one-token rows whose mean log-prob is new_B
+        return PolicyBatch(new_B[:n, None], ones_B[:n], old_B[:n], adv_B, is_self_B[:n], coef_B[:n], 1)
 
     def hacpo() -> None:
         adv, _ = capability_aware_advantages(rewards_P_A_G, omega)
-        loss, _ = hacpo_policy_loss(new_B, old_B, adv[0].reshape(-1), is_self_B, coef_B, minibatch_index=1)
+        loss, _ = hacpo_policy_loss(batch(P * A * G, adv[0].reshape(-1)), LossParams())
         loss.backward()
 
     def gspo() -> None:
         adv, _ = group_advantages(rewards_P_A_G[:, 0])
-        loss, _ = gspo_policy_loss(new_B[: P * G], old_B[: P * G], adv.reshape(-1))
+        loss, _ = gspo_policy_loss(batch(P * G, adv.reshape(-1)), LossParams())
         loss.backward()
 
     out = {}

@@ -51,12 +51,12 @@ def test_failed_replace_keeps_old_content_and_leaves_no_temp(tmp_path, monkeypat
 
 
 def test_failure_while_writing_keeps_old_file(tmp_path):
-    target = tmp_path / "obj.pt"
-    wio.atomic_torch_save({"x": torch.arange(3)}, target)
-    with pytest.raises(Exception):  # noqa: B017 (pickling a lambda fails inside torch.save)
-        wio.atomic_torch_save({"f": lambda: 0}, target)
-    assert torch.equal(torch.load(target)["x"], torch.arange(3))
-    assert _listing(tmp_path) == ["obj.pt"]
+    target = tmp_path / "obj.bin"
+    wio.atomic_write_bytes(target, b"old")
+    with pytest.raises(TypeError):  # a str into the binary temp file fails inside the write
+        wio.atomic_write_bytes(target, "not bytes")  # type: ignore[arg-type]
+    assert target.read_bytes() == b"old"
+    assert _listing(tmp_path) == ["obj.bin"]
 
 
 def test_json_and_yaml_round_trip(tmp_path):

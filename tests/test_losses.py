@@ -8,6 +8,8 @@ import torch
 
 from workbench.hacpo import (
     POLICY_LOSSES,
+    LossParams,
+    PolicyBatch,
     cross_sample_weight,
     get_policy_loss,
     grpo_policy_loss,
@@ -18,6 +20,21 @@ from workbench.hacpo import (
     sequence_ratio,
     stepwise_lower_bound,
 )
+
+
+def _batch(new_mean, old_mean, adv, is_self=None, coef=None, minibatch_index=0, old_logp=None):
+    """A PolicyBatch of one-token sequences whose mean log-probs are ``new_mean`` (exactly)."""
+    n = new_mean.shape[0]
+    return PolicyBatch(
+        logp_B_T=new_mean[:, None],
+        mask_B_T=torch.ones(n, 1),
+        old_logp_mean_B=old_mean,
+        advantages_B=adv,
+        is_self_B=torch.ones(n, dtype=torch.bool) if is_self is None else is_self,
+        cross_coef_B=torch.ones(n) if coef is None else coef,
+        minibatch_index=minibatch_index,
+        old_logp_B_T=old_logp,
+    )
 
 
 def test_masked_mean_logp_hand_worked_and_empty_rows():
@@ -110,26 +127,26 @@ def test_exponential_is_gradient_prop_d6(alpha):
 def test_cross_gradient_is_zero_outside_bounds(offset, advantage):
     logits, tokens = _tiny_logits_model()
     new_mean = _mean_logp(logits, tokens)
-    loss, metrics = hacpo_policy_loss(
+    batch = _batch(
         new_mean[None],
         (new_mean.detach() + offset)[None],
         torch.tensor([advantage]),
         torch.tensor([False]),
         torch.tensor([2.0]),
-        minibatch_index=0,
     )
+    loss, stats = hacpo_policy_loss(batch, LossParams())
     (grad,) = torch.autograd.grad(loss, logits)
     assert torch.count_nonzero(grad) == 0
-    assert metrics["cross_clip_frac"] == 1.0
+    assert stats.clipped_B.tolist() == [1.0]
 
 
 def test_cross_gradient_flows_inside_bounds_with_omega():
     logits, tokens = _tiny_logits_model()
     new_mean = _mean_logp(logits, tokens)
     args = (new_mean[None], (new_mean.detach() + 0.1)[None], torch.tensor([1.0]), torch.tensor([False]))
-    loss1, _ = hacpo_policy_loss(*args, torch.tensor([1.0]), minibatch_index=0)
+    loss1, _ = hacpo_policy_loss(_batch(*args, torch.tensor([1.0])), LossParams())
     (g1,) = torch.autograd.grad(loss1, logits, retain_graph=True)
-    loss3, _ = hacpo_policy_loss(*args, torch.tensor([3.0]), minibatch_index=0)
+    loss3, _ = hacpo_policy_loss(_batch(*args, torch.tensor([3.0])), LossParams())
     (g3,) = torch.autograd.grad(loss3, logits)
     assert torch.count_nonzero(g1) > 0
     assert torch.allclose(g3, 3.0 * g1, atol=1e-6)  # ω modulates the gradient linearly (Eq. 10)
@@ -140,11 +157,13 @@ def test_self_samples_use_gspo_min_clip_hand_worked():
     # A < 0: min(s·A, 1.0004·A) = s·A (unclipped).
     new = torch.tensor([0.01, 0.01], requires_grad=True)
     old = torch.zeros(2)
-    loss, metrics = gspo_policy_loss(new, old, torch.tensor([1.0, -1.0]))
+    loss, stats = gspo_policy_loss(_batch(new, old, torch.tensor([1.0, -1.0])), LossParams())
     assert loss.item() == pytest.approx(-(1.0004 - math.exp(0.01)) / 2, abs=1e-6)
     (grad,) = torch.autograd.grad(loss, new)
     assert grad[0].item() == 0.0 and grad[1].item() != 0.0
-    assert metrics["clip_frac"] == 0.5
+    assert stats.clipped_B.tolist() == [1.0, 0.0]  # min-based: only the clipped branch won for A > 0
+    assert stats.lower_B.tolist() == pytest.approx([1 - 3e-4] * 2)
+    assert stats.upper_B.tolist() == pytest.approx([1 + 4e-4] * 2)
 
 
 def test_one_agent_hacpo_equals_gspo():
@@ -153,10 +172,11 @@ def test_one_agent_hacpo_equals_gspo():
     old = new.detach() + torch.randn(16) * 1e-3
     adv = torch.randn(16)
     all_self = torch.ones(16, dtype=torch.bool)
-    hacpo, _ = hacpo_policy_loss(
-        new, old, adv, all_self, torch.full((16,), 7.0), minibatch_index=2, alpha=3.0
+    hacpo, h_stats = hacpo_policy_loss(
+        _batch(new, old, adv, all_self, torch.full((16,), 7.0), minibatch_index=2), LossParams(alpha=3.0)
     )
-    gspo, _ = gspo_policy_loss(new, old, adv)
+    gspo, g_stats = gspo_policy_loss(_batch(new, old, adv), LossParams())
+    assert torch.equal(h_stats.clipped_B, g_stats.clipped_B) and torch.equal(h_stats.ratio_B, g_stats.ratio_B)
     assert torch.equal(hacpo, gspo)
     (g_h,) = torch.autograd.grad(hacpo, new)
     (g_g,) = torch.autograd.grad(gspo, new)
@@ -168,25 +188,22 @@ def test_hacpo_mixed_batch_hand_worked():
     # Objective: self 1·0.5 = 0.5; cross 0.9·0.9·2·1 = 1.62. loss = −(0.5 + 1.62)/2 = −1.06.
     new = torch.tensor([-1.0, math.log(0.9)])
     old = torch.tensor([-1.0, 0.0])
-    loss, metrics = hacpo_policy_loss(
-        new,
-        old,
-        torch.tensor([0.5, 1.0]),
-        torch.tensor([True, False]),
-        torch.tensor([1.0, 2.0]),
-        minibatch_index=0,
-    )
+    batch = _batch(new, old, torch.tensor([0.5, 1.0]), torch.tensor([True, False]), torch.tensor([1.0, 2.0]))
+    loss, stats = hacpo_policy_loss(batch, LossParams())
     assert loss.item() == pytest.approx(-1.06, abs=1e-6)
-    assert metrics["self_ratio_mean"] == 1.0
-    assert metrics["cross_ratio_mean"] == pytest.approx(0.9)
-    assert metrics["cross_clip_frac"] == 0.0 and metrics["cross_lower_bound"] == pytest.approx(0.8)
+    assert stats.ratio_B[0].item() == 1.0
+    assert stats.ratio_B[1].item() == pytest.approx(0.9)
+    assert stats.clipped_B.tolist() == [0.0, 0.0]
+    assert stats.lower_B.tolist() == pytest.approx([1 - 3e-4, 0.8])
+    assert stats.upper_B.tolist() == pytest.approx([1 + 4e-4, 1.0])
 
 
 def test_no_clip_ablation_lets_ratio_above_one_through():
     new = torch.tensor([0.2], requires_grad=True)  # s = e^0.2 ≈ 1.22
-    args = (new, torch.zeros(1), torch.tensor([1.0]), torch.tensor([False]), torch.tensor([1.0]))
-    clipped, _ = hacpo_policy_loss(*args, minibatch_index=0)
-    unclipped, _ = hacpo_policy_loss(*args, minibatch_index=0, clip_cross=False)
+    batch = _batch(new, torch.zeros(1), torch.tensor([1.0]), torch.tensor([False]), torch.tensor([1.0]))
+    clipped, clipped_stats = hacpo_policy_loss(batch, LossParams())
+    unclipped, unclipped_stats = hacpo_policy_loss(batch, LossParams(clip_cross=False))
+    assert clipped_stats.clipped_B.tolist() == [1.0] and unclipped_stats.clipped_B.tolist() == [0.0]
     assert clipped.item() == pytest.approx(-1.0)
     assert unclipped.item() == pytest.approx(-math.exp(0.4), abs=1e-5)
 
@@ -194,25 +211,32 @@ def test_no_clip_ablation_lets_ratio_above_one_through():
 def test_empty_and_all_masked_give_no_nan():
     logp = torch.zeros(2, 3, requires_grad=True)
     mask = torch.zeros(2, 3)
-    mean = masked_mean_logp(logp, mask)
     is_self = torch.tensor([True, False])
-    loss, _ = hacpo_policy_loss(
-        mean, torch.zeros(2), torch.ones(2), is_self, torch.ones(2), minibatch_index=0
+    batch = PolicyBatch(
+        logp, mask, torch.zeros(2), torch.ones(2), is_self, torch.ones(2), 0, torch.zeros(2, 3)
     )
-    assert torch.isfinite(loss)
+    loss, stats = hacpo_policy_loss(batch, LossParams())
+    assert torch.isfinite(loss) and torch.isfinite(stats.ratio_B).all()
     loss.backward()
     assert torch.isfinite(logp.grad).all()
-    g_loss, _ = grpo_policy_loss(logp, torch.zeros(2, 3), torch.ones(2), mask)
-    assert torch.isfinite(g_loss)
+    g_loss, g_stats = grpo_policy_loss(batch, LossParams(eps_low=0.2, eps_high=0.28))
+    assert torch.isfinite(g_loss) and torch.isfinite(g_stats.clipped_B).all()
 
 
 def test_grpo_token_level_hand_worked():
     # Token ratios e^0.5 ≈ 1.6487 and 1, A = 1: clipped to 1.28 and 1 -> mean 1.14; row 2 masked out.
     logp = torch.tensor([[0.5, 0.0], [0.0, 0.0]])
     mask = torch.tensor([[1, 1], [0, 0]])
-    loss, metrics = grpo_policy_loss(logp, torch.zeros(2, 2), torch.tensor([1.0, 1.0]), mask)
+    batch = PolicyBatch(logp, mask, torch.zeros(2), torch.tensor([1.0, 1.0]), torch.ones(2, dtype=torch.bool),
+                        torch.ones(2), 0, torch.zeros(2, 2))  # fmt: skip
+    loss, stats = grpo_policy_loss(batch, LossParams(eps_low=0.2, eps_high=0.28))
     assert loss.item() == pytest.approx(-(1.14 + 0.0) / 2)
-    assert metrics["clip_frac"] == 0.5
+    assert stats.clipped_B.tolist() == [0.5, 0.0]  # row 0: one of its two tokens clipped; row 1 has none
+    assert stats.lower_B.tolist() == pytest.approx([0.8, 0.8]) and stats.upper_B.tolist() == pytest.approx(
+        [1.28] * 2
+    )
+    with pytest.raises(ValueError, match="old_logp_B_T"):
+        grpo_policy_loss(_batch(torch.zeros(1), torch.zeros(1), torch.ones(1)), LossParams())
 
 
 def test_low_var_kl_zero_on_policy_positive_off_policy():
@@ -221,6 +245,23 @@ def test_low_var_kl_zero_on_policy_positive_off_policy():
     assert low_var_kl(logp, logp.clone(), mask).item() == 0.0
     # k3 at diff = ref − logp = 0.5: e^0.5 − 0.5 − 1 = 0.14872.
     assert low_var_kl(logp, logp + 0.5, mask).item() == pytest.approx(0.14872, abs=1e-5)
+
+
+def test_every_registered_loss_takes_one_signature():
+    """One record in, (loss, per-sample stats) out, for every variant: the trainer never branches on names."""
+    torch.manual_seed(1)
+    logp = torch.randn(6, 4, requires_grad=True)
+    batch = PolicyBatch(
+        logp_B_T=logp, mask_B_T=torch.ones(6, 4), old_logp_mean_B=logp.detach().mean(-1) + 0.05,
+        advantages_B=torch.randn(6), is_self_B=torch.ones(6, dtype=torch.bool), cross_coef_B=torch.ones(6),
+        minibatch_index=1, old_logp_B_T=logp.detach() + 0.05,
+    )  # fmt: skip
+    for name, loss_fn in POLICY_LOSSES.items():
+        loss, stats = loss_fn(batch, LossParams())
+        assert loss.ndim == 0 and loss.requires_grad, name
+        for tensor in (stats.ratio_B, stats.lower_B, stats.upper_B, stats.clipped_B):
+            assert tensor.shape == (6,) and not tensor.requires_grad, name
+        assert ((stats.clipped_B >= 0) & (stats.clipped_B <= 1)).all(), name
 
 
 def test_policy_loss_registry_names_valid_choices():

@@ -19,8 +19,8 @@ PROMPTS = ["3+4*2", "7-1", "2*3*4-5", "9"]
 
 def _rollout(text: str, finish: str = "eos", author: int = 1, prompt: str = "1+1") -> Rollout:
     return Rollout(
-        prompt_index=0, author=author, prompt=prompt, text=text, prompt_ids=[5, 6], response_ids=[7, 8],
-        finish_reason=finish, old_logp_sum=-3.0, old_logp_count=2,
+        prompt_index=0, author=author, index=0, prompt=prompt, text=text, prompt_ids=[5, 6],
+        response_ids=[7, 8], finish_reason=finish, old_logp_sum=-3.0, old_logp_count=2,
     )  # fmt: skip
 
 

@@ -18,7 +18,8 @@ from workbench.config.loading import load_experiment
 from workbench.core import losses
 from workbench.lab.frames import load_runs
 from workbench.train.checkpoint import list_checkpoints, load_latest_checkpoint
-from workbench.train.trainer import Trainer, TrainingError, train
+from workbench.train.run import train
+from workbench.train.trainer import Trainer, TrainingError
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = {

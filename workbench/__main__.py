@@ -27,7 +27,7 @@ def _setup_logging(verbose: bool) -> None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from workbench.train.trainer import train
+    from workbench.train.run import train
 
     run_dir = train(args.experiment, overrides=args.set, resume=not args.fresh)
     log.info("run directory: %s", run_dir)

@@ -176,9 +176,9 @@ def generate(
 
     Returns:
         Rollouts, prompt-major (prompt 0's n samples, then prompt 1's...), ``prompt_index`` = index in
-        ``prompts``. ``response_ids`` end with the stop token when ``finish_reason == "eos"``; ``text`` is
-        decoded with special tokens skipped and without that terminal token. Old log-probs are not filled
-        (`score_rollouts` does that).
+        ``prompts``, ``index`` = 0..n-1 within the prompt. ``response_ids`` end with the stop token when
+        ``finish_reason == "eos"``; ``text`` is decoded with special tokens skipped and without that terminal
+        token. Old log-probs are not filled (`score_rollouts` does that).
     """
     temperature = agent.spec.temperature if temperature is None else temperature
     top_p = agent.spec.top_p if top_p is None else top_p
@@ -203,11 +203,13 @@ def generate(
         sampled = _sample_chunk(
             agent, [encoded[i] for i in chunk], temperature, top_p, max_new_tokens, generator
         )
-        for i, (response_ids, finished) in zip(chunk, sampled):
+        for row, (response_ids, finished) in zip(range(start, start + len(chunk)), sampled):
+            i = rows[row]
             rollouts.append(
                 Rollout(
                     prompt_index=i,
                     author=author,
+                    index=row % n,
                     prompt=prompts[i],
                     text=_decode_response(agent, response_ids, finished),
                     prompt_ids=list(encoded[i]),

@@ -90,13 +90,6 @@ def atomic_write_yaml(path: Path | str, obj: Any) -> None:
     atomic_write_text(path, text)
 
 
-def atomic_torch_save(obj: Any, path: Path | str) -> None:
-    """``torch.save(obj, path)`` atomically (argument order as in ``torch.save``)."""
-    import torch  # only here: this module stays importable without torch's import cost
-
-    _atomic_write(path, lambda f: torch.save(obj, f))
-
-
 def _last_newline_offset(f: Any, size: int) -> int:
     """Offset of the last ``\\n`` in an open binary file of ``size`` bytes, or -1."""
     end = size

@@ -1,20 +1,28 @@
 """Policy losses: GRPO (token ratio), GSPO (sequence ratio) and HACPO (GSPO + exponential IS + stepwise clip).
 
-Pure torch; no model, tokenizer, config or I/O. Each loss returns ``(loss, metrics)`` where ``loss`` is the
-negative objective averaged over the sequences passed (the authors' "seq-mean-token-mean"), so a caller that
-micro-batches a mini-batch scales each micro-batch's loss by its share of the mini-batch.
+Pure torch; no model, tokenizer, config or I/O. Every registered loss has one signature,
+``loss(batch: PolicyBatch, params: LossParams) -> (loss, SampleStats)``: ``loss`` is the negative objective
+averaged over the sequences passed (the authors' "seq-mean-token-mean"), so a caller that micro-batches a
+mini-batch scales each micro-batch's loss by its share of the mini-batch; `SampleStats` holds each sample's
+ratio, clip bounds and whether clipping took its gradient away.
 See ``../shared/spec/hacpo.md`` §2, §3(c)-(d), §4, §9.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 __all__ = [
     "POLICY_LOSSES",
     "TOKEN_LEVEL_LOSSES",
+    "LossParams",
+    "PolicyBatch",
+    "PolicyLoss",
+    "SampleStats",
     "cross_sample_weight",
     "get_policy_loss",
     "grpo_policy_loss",
@@ -109,6 +117,71 @@ def cross_sample_weight(
     return clipped_B * clipped_B.detach().pow(alpha) * coef_B
 
 
+@dataclass
+class PolicyBatch:
+    """One learner's micro-batch, every tensor on the learner's device: the input of every policy loss.
+
+    Attributes:
+        logp_B_T: The learner's current token log-probs (with gradient), in its own tokenization.
+        mask_B_T: 1 on response tokens.
+        old_logp_mean_B: Old per-sequence mean log-prob: the learner's own for self samples, the source's
+            (in the source's tokenization) for cross samples (Eqs. 11, 25).
+        advantages_B: Advantages (Eq. 6 with the learner's baseline, or Eq. 5).
+        is_self_B: True where the learner generated the sample.
+        cross_coef_B: ω^(source, learner) per sample (Eq. 10; 1 for self samples and when switched off).
+        minibatch_index: m, the learner's optimizer updates already done this step (Eq. 14).
+        old_logp_B_T: The learner's old token log-probs, aligned with ``logp_B_T`` (token-level losses).
+    """
+
+    logp_B_T: torch.Tensor
+    mask_B_T: torch.Tensor
+    old_logp_mean_B: torch.Tensor
+    advantages_B: torch.Tensor
+    is_self_B: torch.Tensor
+    cross_coef_B: torch.Tensor
+    minibatch_index: int = 0
+    old_logp_B_T: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class LossParams:
+    """The scalars a policy loss reads (the trainer unpacks them from the config; no config object here)."""
+
+    eps_low: float = 3e-4
+    """Self-sample clip ε_l (GSPO 3e-4; the GRPO baseline 0.2)."""
+    eps_high: float = 4e-4
+    """Self-sample clip ε_h (GSPO 4e-4; the GRPO baseline 0.28)."""
+    alpha: float = 1.0
+    """α of the exponential importance sampling (Eq. 12)."""
+    delta: float = 0.2
+    """δ of the stepwise clip (Eqs. 13-14)."""
+    delta_step: float = 0.025
+    """δ_step of the stepwise clip."""
+    max_abs_log_ratio: float = 10.0
+    """Clamp of the sequence log-ratio."""
+    clip_cross: bool = True
+    """Clip cross ratios to [lb_m, 1] ("no Clip" ablation when False)."""
+
+
+@dataclass
+class SampleStats:
+    """Per-sample diagnostics of one loss call, detached: what the trainer aggregates once per step.
+
+    Attributes:
+        ratio_B: The sequence ratio s = exp(mean log π_new − mean log π_old) (Eqs. 11, 25).
+        lower_B: The lower clip bound applied to the sample (0 when none).
+        upper_B: The upper clip bound (inf when none).
+        clipped_B: Share of the sample that gave no gradient because of clipping: 0 or 1 for sequence
+            ratios (the clipped branch won the pessimistic min, or a cross ratio fell outside its bounds),
+            the share of clipped tokens for token-level ratios.
+    """
+
+    ratio_B: torch.Tensor
+    lower_B: torch.Tensor
+    upper_B: torch.Tensor
+    clipped_B: torch.Tensor
+
+
 def _gspo_self_objective(
     ratio_B: torch.Tensor, advantages_B: torch.Tensor, eps_low: float, eps_high: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -120,64 +193,38 @@ def _gspo_self_objective(
     return objective_B, was_clipped_B
 
 
-def _stats(prefix: str, values_B: torch.Tensor) -> dict[str, float]:
-    if values_B.numel() == 0:
-        return {}
-    values_B = values_B.detach().float()
-    return {
-        f"{prefix}_mean": values_B.mean().item(),
-        f"{prefix}_min": values_B.min().item(),
-        f"{prefix}_max": values_B.max().item(),
-    }
+def _ratio(batch: PolicyBatch, params: LossParams) -> torch.Tensor:
+    new_logp_mean_B = masked_mean_logp(batch.logp_B_T, batch.mask_B_T)
+    return sequence_ratio(new_logp_mean_B, batch.old_logp_mean_B, params.max_abs_log_ratio)
 
 
-def gspo_policy_loss(
-    new_logp_mean_B: torch.Tensor,
-    old_logp_mean_B: torch.Tensor,
-    advantages_B: torch.Tensor,
-    *,
-    eps_low: float = 3e-4,
-    eps_high: float = 4e-4,
-    max_abs_log_ratio: float = 10.0,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """GSPO loss: sequence ratio with the symmetric-style min/clip on every sample (Eqs. 47-49).
+def _filled(like_B: torch.Tensor, value: float) -> torch.Tensor:
+    return torch.full(like_B.shape, value, dtype=torch.float32, device=like_B.device)
+
+
+def gspo_policy_loss(batch: PolicyBatch, params: LossParams) -> tuple[torch.Tensor, SampleStats]:
+    """GSPO loss: sequence ratio with the min/clip of Eqs. 47-49 on every sample.
 
     Applied to a batch that contains other agents' samples, this is the "naive" sharing baseline: cross
     samples get the plain sequence ratio against their source's old log-probs and the same clip.
 
-    Args:
-        new_logp_mean_B: Learner's per-sequence mean log-probs (with gradient).
-        old_logp_mean_B: Per-sequence mean log-probs under the sampling (old) policy.
-        advantages_B: Advantages.
-        eps_low: ε_l (GSPO: 3e-4).
-        eps_high: ε_h (GSPO: 4e-4).
-        max_abs_log_ratio: Clamp of the log-ratio.
-
     Returns:
-        ``(loss, metrics)`` with ``loss = −mean_B objective``.
+        ``(loss, stats)`` with ``loss = −mean_B objective``.
     """
-    ratio_B = sequence_ratio(new_logp_mean_B, old_logp_mean_B, max_abs_log_ratio)
-    objective_B, was_clipped_B = _gspo_self_objective(ratio_B, advantages_B, eps_low, eps_high)
-    metrics = {"clip_frac": was_clipped_B.float().mean().item(), **_stats("ratio", ratio_B)}
-    return -objective_B.mean(), metrics
+    ratio_B = _ratio(batch, params)
+    objective_B, was_clipped_B = _gspo_self_objective(
+        ratio_B, batch.advantages_B, params.eps_low, params.eps_high
+    )
+    stats = SampleStats(
+        ratio_B=ratio_B.detach(),
+        lower_B=_filled(ratio_B, 1.0 - params.eps_low),
+        upper_B=_filled(ratio_B, 1.0 + params.eps_high),
+        clipped_B=was_clipped_B.float(),
+    )
+    return -objective_B.mean(), stats
 
 
-def hacpo_policy_loss(
-    new_logp_mean_B: torch.Tensor,
-    old_logp_mean_B: torch.Tensor,
-    advantages_B: torch.Tensor,
-    is_self_B: torch.Tensor,
-    cross_coef_B: torch.Tensor,
-    *,
-    minibatch_index: int,
-    alpha: float = 1.0,
-    delta: float = 0.2,
-    delta_step: float = 0.025,
-    eps_low: float = 3e-4,
-    eps_high: float = 4e-4,
-    max_abs_log_ratio: float = 10.0,
-    clip_cross: bool = True,
-) -> tuple[torch.Tensor, dict[str, float]]:
+def hacpo_policy_loss(batch: PolicyBatch, params: LossParams) -> tuple[torch.Tensor, SampleStats]:
     """HACPO loss for one learner's mini-batch of self and cross samples (Eqs. 47-53, spec §4).
 
         self:  min(s·A, clip(s, 1−ε_l, 1+ε_h)·A)                      (GSPO, Eq. 47 with the typo fixed)
@@ -186,84 +233,74 @@ def hacpo_policy_loss(
 
     With every sample a self sample this is exactly :func:`gspo_policy_loss`.
 
-    Args:
-        new_logp_mean_B: Learner's per-sequence mean log-probs in its own tokenization (with gradient).
-        old_logp_mean_B: Source's old per-sequence mean log-probs in the source's tokenization.
-        advantages_B: Capability-aware advantages with the learner's baseline (Eq. 6).
-        is_self_B: True where the learner generated the sample.
-        cross_coef_B: ω^(source, learner) per sample (Eq. 10; ignored for self samples).
-        minibatch_index: m, the learner's optimizer updates already done this step (Eq. 14).
-        alpha: Exponent of the exponential importance sampling (Eq. 12).
-        delta: δ of the stepwise clip.
-        delta_step: δ_step of the stepwise clip.
-        eps_low: Self-sample ε_l.
-        eps_high: Self-sample ε_h.
-        max_abs_log_ratio: Clamp of the log-ratio.
-        clip_cross: Clip cross ratios to [lb_m, 1] ("no Clip" ablation when False).
-
     Returns:
-        ``(loss, metrics)``; metrics hold self/cross ratio mean/min/max, clip fractions and the bound.
+        ``(loss, stats)``; a cross sample counts as clipped when its ratio lies outside [lb_m, 1].
     """
-    is_self_B = is_self_B.to(torch.bool)
-    ratio_B = sequence_ratio(new_logp_mean_B, old_logp_mean_B, max_abs_log_ratio)
+    is_self_B = batch.is_self_B.to(torch.bool)
+    ratio_B = _ratio(batch, params)
+    advantages_B = batch.advantages_B
 
-    self_objective_B, self_clipped_B = _gspo_self_objective(ratio_B, advantages_B, eps_low, eps_high)
+    self_objective_B, self_clipped_B = _gspo_self_objective(
+        ratio_B, advantages_B, params.eps_low, params.eps_high
+    )
     # HACPO: cross samples get clip(s)·sg[clip(s)]^α·ω and no pessimistic min (Eqs. 12-14).
     cross_objective_B = (
         cross_sample_weight(
             ratio_B,
-            minibatch_index=minibatch_index,
-            alpha=alpha,
-            delta=delta,
-            delta_step=delta_step,
-            coef_B=cross_coef_B,
-            clip_cross=clip_cross,
+            minibatch_index=batch.minibatch_index,
+            alpha=params.alpha,
+            delta=params.delta,
+            delta_step=params.delta_step,
+            coef_B=batch.cross_coef_B,
+            clip_cross=params.clip_cross,
         )
         * advantages_B
     )
     objective_B = torch.where(is_self_B, self_objective_B, cross_objective_B)
 
-    lower = stepwise_lower_bound(minibatch_index, delta, delta_step) if clip_cross else float("-inf")
-    cross_ratio_B = ratio_B[~is_self_B].detach()
-    cross_out_B = (cross_ratio_B < lower) | (cross_ratio_B > 1.0) if clip_cross else cross_ratio_B < lower
-    metrics: dict[str, float] = {"cross_lower_bound": lower, "self_frac": is_self_B.float().mean().item()}
-    metrics |= _stats("self_ratio", ratio_B[is_self_B])
-    metrics |= _stats("cross_ratio", cross_ratio_B)
-    if is_self_B.any():
-        metrics["self_clip_frac"] = self_clipped_B[is_self_B].float().mean().item()
-    if cross_ratio_B.numel():
-        metrics["cross_clip_frac"] = cross_out_B.float().mean().item()
-    return -objective_B.mean(), metrics
+    ratio_B = ratio_B.detach()
+    if params.clip_cross:
+        lower = stepwise_lower_bound(batch.minibatch_index, params.delta, params.delta_step)
+        cross_lower_B, cross_upper_B = _filled(ratio_B, lower), _filled(ratio_B, 1.0)
+        cross_out_B = (ratio_B < lower) | (ratio_B > 1.0)
+    else:
+        cross_lower_B, cross_upper_B = _filled(ratio_B, 0.0), _filled(ratio_B, math.inf)
+        cross_out_B = torch.zeros_like(is_self_B)
+    stats = SampleStats(
+        ratio_B=ratio_B,
+        lower_B=torch.where(is_self_B, _filled(ratio_B, 1.0 - params.eps_low), cross_lower_B),
+        upper_B=torch.where(is_self_B, _filled(ratio_B, 1.0 + params.eps_high), cross_upper_B),
+        clipped_B=torch.where(is_self_B, self_clipped_B, cross_out_B).float(),
+    )
+    return -objective_B.mean(), stats
 
 
-def grpo_policy_loss(
-    logp_B_T: torch.Tensor,
-    old_logp_B_T: torch.Tensor,
-    advantages_B: torch.Tensor,
-    mask_B_T: torch.Tensor,
-    *,
-    eps_low: float = 0.2,
-    eps_high: float = 0.28,
-    max_abs_log_ratio: float = 10.0,
-) -> tuple[torch.Tensor, dict[str, float]]:
+def grpo_policy_loss(batch: PolicyBatch, params: LossParams) -> tuple[torch.Tensor, SampleStats]:
     """GRPO loss with token-level ratios and DAPO clip-higher (the paper's GRPO baseline, spec §2).
 
     Per token ``min(r_t·A, clip(r_t, 1−ε_l, 1+ε_h)·A)``, averaged over each sequence's tokens, then over
-    sequences (seq-mean-token-mean). Needs the old policy's token log-probs, so it only applies to self
-    samples (single-agent training).
+    sequences (seq-mean-token-mean). Needs the learner's old token log-probs (``batch.old_logp_B_T``), so
+    it applies to self samples only (single-agent training).
 
     Returns:
-        ``(loss, metrics)``.
+        ``(loss, stats)``; ``stats.ratio_B`` is the sequence ratio, ``clipped_B`` the share of clipped tokens.
     """
-    log_ratio_B_T = (logp_B_T - old_logp_B_T).clamp(-max_abs_log_ratio, max_abs_log_ratio)
+    if batch.old_logp_B_T is None:
+        raise ValueError("grpo_policy_loss needs batch.old_logp_B_T (the learner's old token log-probs)")
+    logp_B_T, mask_B_T, advantages_B = batch.logp_B_T, batch.mask_B_T, batch.advantages_B
+    log_ratio_B_T = (logp_B_T - batch.old_logp_B_T).clamp(-params.max_abs_log_ratio, params.max_abs_log_ratio)
     ratio_B_T = torch.exp(log_ratio_B_T)
     unclipped_B_T = ratio_B_T * advantages_B[:, None]
-    clipped_B_T = ratio_B_T.clamp(1.0 - eps_low, 1.0 + eps_high) * advantages_B[:, None]
+    clipped_B_T = ratio_B_T.clamp(1.0 - params.eps_low, 1.0 + params.eps_high) * advantages_B[:, None]
     objective_B = masked_mean_logp(torch.minimum(unclipped_B_T, clipped_B_T), mask_B_T)
-    mask = mask_B_T.bool()
-    metrics = {"clip_frac": (clipped_B_T < unclipped_B_T)[mask].float().mean().item() if mask.any() else 0.0}
-    metrics |= _stats("ratio", ratio_B_T[mask])
-    return -objective_B.mean(), metrics
+    ratio_B = _ratio(batch, params).detach()
+    stats = SampleStats(
+        ratio_B=ratio_B,
+        lower_B=_filled(ratio_B, 1.0 - params.eps_low),
+        upper_B=_filled(ratio_B, 1.0 + params.eps_high),
+        clipped_B=masked_mean_logp((clipped_B_T < unclipped_B_T).float(), mask_B_T).detach(),
+    )
+    return -objective_B.mean(), stats
 
 
 def low_var_kl(
@@ -282,17 +319,21 @@ def low_var_kl(
     return masked_mean_logp(kl_B_T, mask_B_T)
 
 
-POLICY_LOSSES: dict[str, Callable[..., tuple[torch.Tensor, dict[str, float]]]] = {
+PolicyLoss = Callable[[PolicyBatch, LossParams], tuple[torch.Tensor, SampleStats]]
+"""One signature for every policy loss: a micro-batch and its scalars in, loss and per-sample stats out."""
+
+POLICY_LOSSES: dict[str, PolicyLoss] = {
     "grpo": grpo_policy_loss,
     "gspo": gspo_policy_loss,
     "hacpo": hacpo_policy_loss,
 }
-"""The policy-loss variants by name. ``grpo`` takes token-level inputs, the others sequence means."""
+"""The policy-loss variants by name."""
 
 TOKEN_LEVEL_LOSSES = frozenset({"grpo"})
+"""Losses that read ``PolicyBatch.old_logp_B_T``."""
 
 
-def get_policy_loss(name: str) -> Callable[..., tuple[torch.Tensor, dict[str, float]]]:
+def get_policy_loss(name: str) -> PolicyLoss:
     """Look up a policy loss by name; an unknown name lists the valid ones."""
     try:
         return POLICY_LOSSES[name]

@@ -24,7 +24,7 @@ Vocabulary:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,24 @@ class TaskItem:
     source: str = ""
 
 
+@dataclass(frozen=True, order=True)
+class RolloutId:
+    """Who wrote a response to which prompt: the identity batches and logs are indexed by.
+
+    Attributes:
+        author: Agent index of the author (``a`` in ``rewards_P_A_G``).
+        prompt: Index of the prompt in the step's batch (``p``).
+        index: Which of the author's responses to that prompt (``g``, 0 .. G−1).
+    """
+
+    author: int
+    prompt: int
+    index: int
+
+    def __str__(self) -> str:
+        return f"{self.author}/{self.prompt}/{self.index}"
+
+
 @dataclass
 class Rollout:
     """One sampled response, as produced by its author and shared with every learner.
@@ -57,6 +75,7 @@ class Rollout:
     Attributes:
         prompt_index: Index of the prompt in the step's batch (``p`` in ``rewards_P_A_G``).
         author: Index of the agent that generated it (``a``).
+        index: Which of the author's responses to this prompt it is (``g``).
         prompt: The user content the prompt was built from (question + instruction, unformatted).
         text: The decoded response text, special tokens skipped, terminal EOS stripped.
         prompt_ids: The author's tokenization of its formatted prompt.
@@ -70,6 +89,7 @@ class Rollout:
 
     prompt_index: int
     author: int
+    index: int
     prompt: str
     text: str
     prompt_ids: list[int]
@@ -79,7 +99,11 @@ class Rollout:
     old_logp_sum: float = math.nan
     old_logp_count: int = 0
     grade_reason: str = ""
-    extra: dict = field(default_factory=dict)
+
+    @property
+    def id(self) -> RolloutId:
+        """``RolloutId(author, prompt_index, index)``."""
+        return RolloutId(self.author, self.prompt_index, self.index)
 
     @property
     def length(self) -> int:

@@ -10,12 +10,12 @@ configurations (``workbench.config.ALGORITHMS`` and the ``hacpo`` section), neve
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,60 +23,34 @@ import torch
 
 from workbench.agents.agent import Agent
 from workbench.agents.loading import load_agent
-from workbench.agents.rollout import generate, reference_token_logprobs, score_rollouts, token_logprobs
-from workbench.agents.sharing import build_training_batch
-from workbench.agents.tokens import TokenBatch
+from workbench.agents.rollout import generate, score_rollouts
 from workbench.config.experiment import ExperimentConfig
-from workbench.config.loading import load_experiment
 from workbench.core.advantages import capability_aware_advantages, group_advantages
 from workbench.core.capability import CapabilityTracker, capability_ratios
-from workbench.core.losses import (
-    TOKEN_LEVEL_LOSSES,
-    get_policy_loss,
-    low_var_kl,
-    masked_mean_logp,
-    sequence_ratio,
-    stepwise_lower_bound,
-)
-from workbench.core.types import Rollout, TaskItem
+from workbench.core.losses import LossParams
+from workbench.core.types import Rollout, RolloutId, TaskItem
 from workbench.tasks.prompts import build_prompt
 from workbench.tasks.rewards import grade_batch
 from workbench.tasks.sources import load_tasks
+from workbench.train.batches import LearnerBatch, build_learner_batch
 from workbench.train.checkpoint import (
     capture_rng_state,
-    load_latest_checkpoint,
     restore_rng_state,
     save_checkpoint,
 )
 from workbench.train.evaluate import evaluate
-from workbench.train.rundir import RunWriter, config_hash, create_run_dir, find_run
+from workbench.train.rundir import RunWriter
+from workbench.train.update import (
+    LearnerUpdate,
+    TrainingError,
+    UpdateSettings,
+    learner_metrics,
+    update_learner,
+)
 
-__all__ = ["Trainer", "TrainingError", "train"]
+__all__ = ["Trainer", "TrainingError"]
 
 log = logging.getLogger(__name__)
-
-
-class TrainingError(RuntimeError):
-    """A step cannot continue (non-finite loss, ...); the last good checkpoint is kept."""
-
-
-@dataclass
-class LearnerBatch:
-    """One learner's training batch: its own rollouts first, then shared ones (spec §9.8)."""
-
-    rollouts: list[Rollout]
-    rollout_ids: list[int]
-    tokens: TokenBatch
-    advantages_B: torch.Tensor
-    is_self_B: torch.Tensor
-    cross_coef_B: torch.Tensor
-    source_B: torch.Tensor
-    old_logp_mean_B: torch.Tensor
-    sharing_stats: dict[str, float] = field(default_factory=dict)
-
-
-def _chunks(n: int, size: int) -> list[list[int]]:
-    return [list(range(i, min(i + size, n))) for i in range(0, n, size)]
 
 
 class Trainer:
@@ -117,6 +91,25 @@ class Trainer:
             load_tasks(eval_source, split="test", n=cfg.task.eval_size, seed=cfg.seed, **eval_knobs)
             if cfg.task.eval_size
             else []
+        )
+        eps_low, eps_high = self.algo.clip or (h.eps_low, h.eps_high)
+        self.loss_params = LossParams(
+            eps_low=eps_low,
+            eps_high=eps_high,
+            alpha=h.alpha,
+            delta=h.delta,
+            delta_step=h.delta_step,
+            max_abs_log_ratio=h.max_abs_log_ratio,
+            clip_cross=h.clip_cross,
+        )
+        t = cfg.train
+        self.update_settings = UpdateSettings(
+            loss=self.algo.loss,
+            minibatch_size=t.minibatch_prompts * t.group_size,
+            micro_batch_size=t.micro_batch_size,
+            temperature=t.temperature,
+            kl_coef=t.kl_coef,
+            grad_clip=t.grad_clip,
         )
         self.step = 0
         self.cost = {f"cost/{n}/{k}": 0.0 for n in self.names for k in _COST_KEYS}
@@ -169,25 +162,26 @@ class Trainer:
                 method=self.cfg.task.reward,
                 agent_name=agent.name,
             )
+            rows += result.rows()
             summary = result.summary
-            rows += summary.to_dict("records")
             greedy = summary.loc[summary["metric"] == "greedy_acc", "value"]
             metrics[f"eval/acc/{agent.name}"] = float(greedy.iloc[0]) if len(greedy) else math.nan
         self.writer.append_evals(self.step, rows)
         return metrics
 
     # ------------------------------------------------------------------------------------ one step
+    @functools.lru_cache(maxsize=2)  # noqa: B019 (a Trainer lives as long as its run)
+    def _epoch_order(self, epoch: int) -> list[int]:
+        """The seeded permutation of the training items for one epoch."""
+        order = list(range(len(self.train_items)))
+        random.Random(self.cfg.seed * 1_000_003 + epoch).shuffle(order)
+        return order
+
     def _prompt_batch(self, step: int) -> list[TaskItem]:
         """Prompts of ``step``: epochs of seeded permutations, so a resumed run sees the same batches."""
         n, size = len(self.train_items), self.cfg.train.prompts_per_step
         start = (step - 1) * size
-        batch = []
-        for pos in range(start, start + size):
-            epoch, offset = divmod(pos, n)
-            order = list(range(n))
-            random.Random(self.cfg.seed * 1_000_003 + epoch).shuffle(order)
-            batch.append(self.train_items[order[offset]])
-        return batch
+        return [self.train_items[self._epoch_order(pos // n)[pos % n]] for pos in range(start, start + size)]
 
     def train_step(self) -> dict[str, float]:
         """One HACPO step (Algorithm 1, spec §4); returns its flat metrics."""
@@ -224,7 +218,9 @@ class Trainer:
         if algo.share_rollouts:
             for agent, rollouts in zip(self.agents, rollouts_A):
                 score_rollouts(agent, rollouts, temperature=t.temperature)
-        rewards_P_A_G = torch.tensor([r.reward for r in flat]).reshape(A, P, G).permute(1, 0, 2)
+        rewards_P_A_G = torch.zeros(P, A, G)
+        for r in flat:
+            rewards_P_A_G[r.prompt_index, r.author, r.index] = r.reward
         t_rollout = time.perf_counter() - t0
 
         # 3. Capability window gets this step's batch accuracy before advantages (Eq. 9, Assumption D.1).
@@ -248,10 +244,26 @@ class Trainer:
 
         # 5. Learners update one after another from the same pre-update rollouts (spec §4 step 6).
         t1 = time.perf_counter()
-        sample_info: dict[tuple[int, int], dict[str, float]] = {}
-        for k in range(A):
-            batch = self._learner_batch(k, rollouts_A, advantages_L_P_A_G, omega_A_A)
-            metrics |= self._update_learner(k, batch, sample_info)
+        samples: dict[tuple[RolloutId, int], dict[str, float]] = {}
+        # HACPO: a cross sample's loss is scaled by ω^(source, learner) (Eq. 10); the −ω ablation keeps 1.
+        use_coef = algo.loss == "hacpo" and h.omega_in_loss
+        for k, (agent, name) in enumerate(zip(self.agents, self.names)):
+            coef_A = omega_A_A[:, k] if use_coef else torch.ones(A)
+            batch = build_learner_batch(
+                agent, k, rollouts_A, advantages_L_P_A_G, coef_A, share=algo.share_rollouts
+            )
+            update = self._update(k, batch, step)
+            metrics |= learner_metrics(name, self.names, batch, update)
+            samples |= {
+                (r.id, k): {"advantage": a, "ratio": s, "lower_bound": lo, "upper_bound": hi}
+                for r, a, s, lo, hi in zip(
+                    batch.rollouts,
+                    batch.advantages_B.tolist(),
+                    update.ratio_B.tolist(),
+                    update.lower_B.tolist(),
+                    update.upper_B.tolist(),
+                )
+            }
         t_update = time.perf_counter() - t1
 
         self._accumulate_cost(metrics)
@@ -259,7 +271,7 @@ class Trainer:
         metrics["time/update_s"] = t_update
         metrics["time/step_s"] = time.perf_counter() - t0
         self.step = step
-        self.writer.write_samples(step, self._sample_rows(flat, items, sample_info))
+        self.writer.write_samples(step, self._sample_rows(flat, items, samples))
         return metrics
 
     def _advantages(
@@ -290,198 +302,36 @@ class Trainer:
         metrics["adv/uniform_group_frac"] = adv_metrics["uniform_group_frac"]
         return advantages
 
-    def _learner_batch(
-        self,
-        k: int,
-        rollouts_A: list[list[Rollout]],
-        advantages_L_P_A_G: torch.Tensor,
-        omega_A_A: torch.Tensor,
-    ) -> LearnerBatch:
-        """Learner k's batch: self rollouts first, then every other agent's (re-encoded as text)."""
-        A = len(rollouts_A)
-        sources = [k] + ([a for a in range(A) if a != k] if self.algo.share_rollouts else [])
-        G = len(rollouts_A[k]) // self.cfg.train.prompts_per_step
-        chosen = [(a, i, r) for a in sources for i, r in enumerate(rollouts_A[a])]
-        rollouts = [r for _, _, r in chosen]
-        tokens, sharing_stats = build_training_batch(self.agents[k], rollouts, k)
-        advantages_B = torch.stack([advantages_L_P_A_G[k, r.prompt_index, a, i % G] for a, i, r in chosen])
-        # HACPO: a cross sample's loss is scaled by ω^(source, learner) (Eq. 10); −ω ablation keeps 1.
-        use_coef = self.algo.loss == "hacpo" and self.cfg.hacpo.omega_in_loss
-        coef_B = torch.tensor([omega_A_A[a, k].item() if use_coef else 1.0 for a, _, _ in chosen])
-        n_per_agent = len(rollouts_A[0])
-        return LearnerBatch(
-            rollouts=rollouts,
-            rollout_ids=[a * n_per_agent + i for a, i, _ in chosen],
-            tokens=tokens,
-            advantages_B=advantages_B,
-            is_self_B=torch.tensor([a == k for a, _, _ in chosen]),
-            cross_coef_B=coef_B,
-            source_B=torch.tensor([a for a, _, _ in chosen]),
-            old_logp_mean_B=torch.tensor([r.old_logp_mean for r in rollouts], dtype=torch.float32),
-            sharing_stats={key: float(v) for key, v in sharing_stats.items()},
-        )
-
-    def _update_learner(
-        self, k: int, batch: LearnerBatch, sample_info: dict[tuple[int, int], dict[str, float]]
-    ) -> dict[str, float]:
-        """Mini-batch updates of learner k; mini-batch m uses the stepwise bound of m (Eq. 14)."""
-        t, h, algo = self.cfg.train, self.cfg.hacpo, self.algo
-        agent, optimizer, name = self.agents[k], self.optimizers[k], self.names[k]
-        loss_fn = get_policy_loss(algo.loss)
-        eps_low, eps_high = algo.clip or (h.eps_low, h.eps_high)
-        minibatch_size = t.minibatch_prompts * t.group_size
-        minibatches = [
-            [
-                _chunk
-                for _chunk in (mb[i : i + t.micro_batch_size] for i in range(0, len(mb), t.micro_batch_size))
-            ]
-            for mb in _chunks(len(batch.rollouts), minibatch_size)
-        ]
-
-        # Old (self) and reference token log-probs, before any update, in the exact micro-batches of the
-        # update: on-policy self samples then have s = 1 exactly in the first mini-batch.
-        agent.model.eval()
-        old_self, ref_self = {}, {}
-        with torch.no_grad():
-            for micros in minibatches:
-                for micro in micros:
-                    view = batch.tokens.select(micro)
-                    old_self[micro[0]] = token_logprobs(agent, view, temperature=t.temperature)
-                    if t.kl_coef > 0 and batch.is_self_B[micro].any():
-                        ref_self[micro[0]], _ = reference_token_logprobs(
-                            agent, view, temperature=t.temperature
-                        )
-        old_mean_B = batch.old_logp_mean_B.clone()
-        for micros in minibatches:
-            for micro in micros:
-                self_mean = masked_mean_logp(*old_self[micro[0]])
-                idx = torch.tensor(micro)
-                old_mean_B[idx] = torch.where(batch.is_self_B[idx], self_mean, old_mean_B[idx])
-
-        ratios_B = torch.zeros(len(batch.rollouts))
-        lower_B = torch.zeros(len(batch.rollouts))
-        losses, kls, grad_norms = [], [], []
-        for m, micros in enumerate(minibatches):
-            optimizer.zero_grad(set_to_none=True)
-            mb_len = sum(len(micro) for micro in micros)
-            for micro in micros:
-                idx = torch.tensor(micro)
-                logp_B_T, mask_B_T = token_logprobs(
-                    agent, batch.tokens.select(micro), temperature=t.temperature
-                )
-                new_mean_B = masked_mean_logp(logp_B_T, mask_B_T)
-                if algo.loss in TOKEN_LEVEL_LOSSES:
-                    loss, _ = loss_fn(
-                        logp_B_T, old_self[micro[0]][0], batch.advantages_B[idx], mask_B_T, eps_low=eps_low,
-                        eps_high=eps_high, max_abs_log_ratio=h.max_abs_log_ratio,
-                    )  # fmt: skip
-                elif algo.loss == "hacpo":
-                    loss, _ = loss_fn(
-                        new_mean_B, old_mean_B[idx], batch.advantages_B[idx], batch.is_self_B[idx],
-                        batch.cross_coef_B[idx], minibatch_index=m, alpha=h.alpha, delta=h.delta,
-                        delta_step=h.delta_step, eps_low=eps_low, eps_high=eps_high,
-                        max_abs_log_ratio=h.max_abs_log_ratio, clip_cross=h.clip_cross,
-                    )  # fmt: skip
-                else:
-                    loss, _ = loss_fn(
-                        new_mean_B, old_mean_B[idx], batch.advantages_B[idx], eps_low=eps_low,
-                        eps_high=eps_high, max_abs_log_ratio=h.max_abs_log_ratio,
-                    )  # fmt: skip
-                total = loss
-                if t.kl_coef > 0 and micro[0] in ref_self:
-                    # KL to the reference on self samples only (the authors' code, spec §9.9).
-                    kl_B = low_var_kl(logp_B_T, ref_self[micro[0]], mask_B_T)
-                    kl = (kl_B * batch.is_self_B[idx]).sum() / len(micro)
-                    total = total + t.kl_coef * kl
-                    kls.append(kl.item())
-                if not torch.isfinite(total):
-                    raise TrainingError(
-                        f"non-finite loss {total.item()} at step {self.step + 1}, learner {name!r}, "
-                        f"mini-batch {m}; "
-                        f"the last good checkpoint in {self.run_dir / 'checkpoints'} is kept"
-                    )
-                (total * len(micro) / mb_len).backward()
-                losses.append(loss.item())
-                ratios_B[idx] = sequence_ratio(new_mean_B.detach(), old_mean_B[idx], h.max_abs_log_ratio)
-                lower_B[idx] = stepwise_lower_bound(m, h.delta, h.delta_step)
-            grad_norms.append(
-                torch.nn.utils.clip_grad_norm_(agent.trainable_parameters(), t.grad_clip).item()
+    def _update(self, k: int, batch: LearnerBatch, step: int) -> LearnerUpdate:
+        """Learner k's mini-batch updates; a non-finite loss names the step, learner and checkpoint kept."""
+        try:
+            return update_learner(
+                self.agents[k],
+                self.optimizers[k],
+                batch,
+                self.loss_params,
+                self.update_settings,
+                where=f"step {step}, learner {self.names[k]!r}",
             )
-            optimizer.step()
-
-        self._record_samples(k, batch, ratios_B, lower_B, sample_info)
-        return self._learner_metrics(k, batch, ratios_B, lower_B, losses, kls, grad_norms, len(minibatches))
-
-    def _learner_metrics(
-        self,
-        k: int,
-        batch: LearnerBatch,
-        ratios_B: torch.Tensor,
-        lower_B: torch.Tensor,
-        losses: list[float],
-        kls: list[float],
-        grad_norms: list[float],
-        n_updates: int,
-    ) -> dict[str, float]:
-        """``is/<learner>/<source>/*``, loss, KL, grad norm, advantage and cost metrics of learner k."""
-        h, name = self.cfg.hacpo, self.names[k]
-        eps_low, eps_high = self.algo.clip or (h.eps_low, h.eps_high)
-        metrics = {
-            f"loss/{name}": sum(losses) / max(len(losses), 1),
-            f"grad_norm/{name}": sum(grad_norms) / max(len(grad_norms), 1),
-            f"adv/{name}/mean": batch.advantages_B.mean().item(),
-            f"adv/{name}/abs_mean": batch.advantages_B.abs().mean().item(),
-            f"cost/{name}/trained_responses": float(len(batch.rollouts)),
-            f"cost/{name}/trained_tokens": float(batch.tokens.response_mask_B_T.sum().item()),
-            f"cost/{name}/updates": float(n_updates),
-        }
-        if kls:
-            metrics[f"kl/{name}"] = sum(kls) / len(kls)
-        for key, value in batch.sharing_stats.items():
-            metrics[f"share/{name}/{key}"] = value
-        for a, source in enumerate(self.names):
-            sel = batch.source_B == a
-            if not sel.any():
-                continue
-            s_B = ratios_B[sel]
-            if a == k:
-                clipped = (s_B < 1 - eps_low) | (s_B > 1 + eps_high)
-            else:
-                clipped = (
-                    (s_B < lower_B[sel]) | (s_B > 1.0) if h.clip_cross else torch.zeros_like(s_B, dtype=bool)
-                )
-                metrics[f"is/{name}/{source}/in_range_frac"] = 1.0 - clipped.float().mean().item()
-            prefix = f"is/{name}/{source}"
-            metrics[f"{prefix}/ratio_mean"] = s_B.mean().item()
-            metrics[f"{prefix}/ratio_min"] = s_B.min().item()
-            metrics[f"{prefix}/ratio_max"] = s_B.max().item()
-            metrics[f"{prefix}/clip_frac"] = clipped.float().mean().item()
-        return metrics
-
-    def _record_samples(
-        self,
-        k: int,
-        batch: LearnerBatch,
-        ratios_B: torch.Tensor,
-        lower_B: torch.Tensor,
-        sample_info: dict[tuple[int, int], dict[str, float]],
-    ) -> None:
-        for b, rid in enumerate(batch.rollout_ids):
-            sample_info[(rid, k)] = {
-                "advantage": batch.advantages_B[b].item(),
-                "ratio": ratios_B[b].item(),
-                "lower_bound": lower_B[b].item() if not batch.is_self_B[b] else 1 - self.cfg.hacpo.eps_low,
-            }
+        except TrainingError as exc:
+            raise TrainingError(
+                f"{exc}; the last good checkpoint in {self.run_dir / 'checkpoints'} is kept"
+            ) from None
 
     def _sample_rows(
-        self, flat: list[Rollout], items: list[TaskItem], sample_info: dict[tuple[int, int], dict[str, float]]
+        self,
+        flat: list[Rollout],
+        items: list[TaskItem],
+        samples: dict[tuple[RolloutId, int], dict[str, float]],
     ) -> list[dict[str, Any]]:
-        """A few rollouts of the first prompts, with reward and each learner's advantage and ratio."""
+        """A few rollouts of the first prompts, with reward and each learner's advantage, ratio and bounds."""
         rows = []
-        for rid, rollout in enumerate(flat):
-            if rollout.prompt_index >= max(1, self.cfg.train.samples_per_step // len(self.agents)):
+        first_prompts = max(1, self.cfg.train.samples_per_step // len(self.agents))
+        for rollout in flat:
+            if rollout.prompt_index >= first_prompts:
                 continue
             row: dict[str, Any] = {
+                "id": str(rollout.id),
                 "prompt": rollout.prompt,
                 "answer": items[rollout.prompt_index].answer,
                 "author": self.names[rollout.author],
@@ -492,8 +342,8 @@ class Trainer:
                 "finish_reason": rollout.finish_reason,
             }
             for k, name in enumerate(self.names):
-                if (rid, k) in sample_info:
-                    row[f"learner/{name}"] = sample_info[(rid, k)]
+                if (rollout.id, k) in samples:
+                    row[f"learner/{name}"] = samples[(rollout.id, k)]
             rows.append(row)
         return rows[: self.cfg.train.samples_per_step]
 
@@ -537,48 +387,3 @@ class Trainer:
 
 
 _COST_KEYS = ("generated_responses", "generated_tokens", "trained_responses", "trained_tokens", "updates")
-
-
-def train(
-    config: ExperimentConfig | str | Path,
-    *,
-    overrides: list[str] | dict[str, Any] | None = None,
-    on_step: Callable[[dict[str, Any]], None] | None = None,
-    resume: bool = True,
-) -> Path:
-    """Run an experiment and return its run directory ``results/<experiment>/<run-id>/``.
-
-    With ``resume=True`` a run of the same experiment and identical resolved config continues from its
-    latest intact checkpoint, and a finished one is returned as it is (nothing is recomputed).
-
-    Args:
-        config: A config object or the path of an experiment YAML.
-        overrides: ``["train.steps=5", ...]`` applied to a YAML path.
-        on_step: Called with each step's metrics.
-        resume: Continue/skip a matching run instead of starting a new one.
-
-    Returns:
-        The run directory.
-    """
-    cfg = config if isinstance(config, ExperimentConfig) else load_experiment(config, overrides)
-    cfg_dict = cfg.to_dict()
-    root = Path(cfg.output.root)
-    run_dir = find_run(root, cfg.experiment, config_hash(cfg_dict)) if resume else None
-    if run_dir is not None and RunWriter(run_dir).is_done():
-        log.info("run %s is complete with the same config; nothing to do", run_dir)
-        return run_dir
-    if run_dir is None:
-        run_dir = create_run_dir(root, cfg.experiment, run_id=cfg.output.run_id)
-    writer = RunWriter(run_dir)
-    writer.write_config(cfg_dict)
-    writer.write_environment()
-    trainer = Trainer(cfg, run_dir, on_step=on_step)
-    checkpoint = load_latest_checkpoint(run_dir)
-    if checkpoint is not None:
-        step, state = checkpoint
-        trainer.load_state_dict(state)
-        writer.rollback_to(step)
-        log.info("resumed %s from step %d", run_dir, step)
-    else:  # killed before the step-0 checkpoint: start over, dropping any partial step-0 logs
-        writer.rollback_to(-1)
-    return trainer.fit()

@@ -1,0 +1,99 @@
+"""A learner's training batch: its own rollouts first, then each other agent's, indexed by rollout identity.
+
+`build_learner_batch` gathers, for learner k, every rollout it trains on (spec §9.8: self samples first, then
+each source in agent order, so the mini-batch index m of Eq. 14 is deterministic), looks up each sample's
+advantage by its `RolloutId` in ``advantages_L_P_A_G``, and attaches the HACPO cross coefficient ω^(source, k)
+(Eq. 10). Token views come from `workbench.agents.sharing.build_training_batch` (self samples keep their ids,
+cross samples are re-encoded from text).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from workbench.agents.agent import Agent
+from workbench.agents.sharing import build_training_batch
+from workbench.agents.tokens import TokenBatch
+from workbench.core.types import Rollout, RolloutId
+
+__all__ = ["LearnerBatch", "build_learner_batch"]
+
+
+@dataclass
+class LearnerBatch:
+    """One learner's training batch (row b of every tensor is ``rollouts[b]``), on CPU.
+
+    Attributes:
+        learner: The learner's agent index k.
+        rollouts: The samples, self first, then each other agent's in agent order.
+        tokens: The learner's token view of them.
+        advantages_B: Advantage of each sample for this learner (Eq. 6 or Eq. 5).
+        is_self_B: True for the learner's own samples.
+        cross_coef_B: ω^(source, learner) on cross samples (Eq. 10), 1 elsewhere.
+        source_B: Author of each sample.
+        old_logp_mean_B: The author's old per-token mean log-prob (its own tokenization).
+        sharing_stats: Re-encoding counts (`build_training_batch`).
+    """
+
+    learner: int
+    rollouts: list[Rollout]
+    tokens: TokenBatch
+    advantages_B: torch.Tensor
+    is_self_B: torch.Tensor
+    cross_coef_B: torch.Tensor
+    source_B: torch.Tensor
+    old_logp_mean_B: torch.Tensor
+    sharing_stats: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def ids(self) -> list[RolloutId]:
+        """The identity of each row."""
+        return [r.id for r in self.rollouts]
+
+    def __len__(self) -> int:
+        return len(self.rollouts)
+
+
+def build_learner_batch(
+    agent: Agent,
+    learner: int,
+    rollouts_A: list[list[Rollout]],
+    advantages_L_P_A_G: torch.Tensor,
+    coef_A: torch.Tensor,
+    *,
+    share: bool,
+) -> LearnerBatch:
+    """Learner ``learner``'s batch over its own rollouts and, with ``share``, every other agent's.
+
+    Args:
+        agent: The learner (its tokenizer re-encodes cross samples).
+        learner: Its agent index k.
+        rollouts_A: Every agent's rollouts of this step (graded and scored).
+        advantages_L_P_A_G: ``[k, p, a, g]`` = learner k's advantage of rollout ``RolloutId(a, p, g)``.
+        coef_A: The loss coefficient of samples authored by each agent (ω^(a, k) for HACPO, else ones);
+            the learner's own entry is ignored (self samples get 1).
+        share: Train on the other agents' rollouts too.
+
+    Returns:
+        The `LearnerBatch`.
+    """
+    sources = [learner] + ([a for a in range(len(rollouts_A)) if a != learner] if share else [])
+    rollouts = [r for a in sources for r in rollouts_A[a]]
+    tokens, sharing_stats = build_training_batch(agent, rollouts, learner)
+    return LearnerBatch(
+        learner=learner,
+        rollouts=rollouts,
+        tokens=tokens,
+        advantages_B=torch.stack(
+            [advantages_L_P_A_G[learner, r.prompt_index, r.author, r.index] for r in rollouts]
+        ),
+        is_self_B=torch.tensor([r.author == learner for r in rollouts]),
+        cross_coef_B=torch.tensor(
+            [1.0 if r.author == learner else coef_A[r.author].item() for r in rollouts]
+        ),
+        source_B=torch.tensor([r.author for r in rollouts]),
+        old_logp_mean_B=torch.tensor([r.old_logp_mean for r in rollouts], dtype=torch.float32),
+        sharing_stats={key: float(v) for key, v in sharing_stats.items()},
+    )
