@@ -1,12 +1,16 @@
 """Experiment configs: defaults, overrides, base chains, and bad input named before any model loads."""
 
+import dataclasses
+import pickle
 from pathlib import Path
 
 import pytest
 import yaml
 
-from workbench.config.experiment import ALGORITHMS, ConfigError, from_dict
+from workbench.config import AgentSpec, FrozenMap, LoraSpec
+from workbench.config.experiment import ConfigError, from_dict
 from workbench.config.loading import load_experiment, parse_overrides
+from workbench.config.methods import ALGORITHMS, METHODS
 
 ROOT = Path(__file__).resolve().parents[1]
 AGENTS = [{"name": "a", "model": "tiny:x"}, {"name": "b", "model": "tiny:y"}]
@@ -41,6 +45,21 @@ def test_defaults_follow_the_paper():
         ({"algorithm": "ppo"}, r"algorithm = 'ppo' is not allowed: one of \['grpo', 'gspo', 'gspo_x2'"),
         ({"agents": [{"model": "tiny:x"}]}, r"hacpo shares rollouts: >= 2 agents"),
         ({"train": {"lr": "fast"}}, r"train.lr: expected float, got str 'fast'"),
+        (
+            {"train": {"eval_max_new_tokens": 0}},
+            r"train.eval_max_new_tokens = 0 is not allowed: >= 1 or null",
+        ),
+        ({"task": {"reward": "exact"}}, r"task.reward = 'exact' is not allowed: one of \['math_verify'"),
+        ({"task": {"knobs": [1, 2]}}, r"task.knobs: expected a mapping, got list \[1, 2\]"),
+        ({"task": {"eval_knobs": "x"}}, r"task.eval_knobs: expected a mapping or null, got str 'x'"),
+        ({"output": {"run_id": "a/b"}}, r"output.run_id = 'a/b' is not allowed: letters, digits"),
+        ({"experiment": "my run"}, r"experiment = 'my run' is not allowed: letters, digits"),
+        (
+            {"agents": [{"name": "a b", "model": "x"}]},
+            r"agents\[0\].name = 'a b' is not allowed: .*metric keys",
+        ),
+        ({"agents": [{"model": "x", "quantization": "2bit"}]}, r"agents\[0\] \(x\): quantization = '2bit'"),
+        ({"agents": "tiny:x"}, r"agents: expected a non-empty list of agent specs"),
         ({"hacpo": {"alpha": -1}}, r"hacpo.alpha = -1.0 is not allowed: >= 0"),
         ({"agents": [{"name": "a", "model": "x"}, {"name": "a", "model": "y"}]}, r"names must be unique"),
         ({"agents": [{"lora": None}]}, r"agents\[0\]: expected a model name or a mapping with a 'model' key"),
@@ -54,6 +73,11 @@ def test_bad_values_name_key_value_and_allowed(data, match):
 def test_single_agent_allowed_for_non_sharing_algorithms():
     cfg = _cfg(agents=["tiny:x"], algorithm="gspo")
     assert cfg.agent_names == ["x"]
+    # Built directly, one agent under HACPO is the GSPO reduction (the trainer tests use it); from a
+    # file it is a mistake.
+    assert dataclasses.replace(cfg, algorithm="hacpo").algo.share_rollouts
+    with pytest.raises(ConfigError, match=r"agents = \['x'\] is not allowed: naive shares rollouts: >= 2"):
+        from_dict(cfg.to_dict() | {"algorithm": "naive"})
 
 
 def test_overrides_and_base_chain(tmp_path):
@@ -88,3 +112,106 @@ def test_resolved_config_round_trips():
 def test_every_shipped_experiment_validates(path):
     cfg = load_experiment(path)
     assert cfg.agents and cfg.experiment == path.stem
+
+
+@pytest.mark.parametrize(
+    ("section", "changes", "match"),
+    [
+        ("train", {"lr": -1}, r"train.lr = -1.0 is not allowed: > 0"),
+        ("train", {"steps": 2.5}, r"train.steps: expected int, got float 2.5"),
+        ("train", {"minibatch_prompts": 5}, r"train.minibatch_prompts = 5 is not allowed: must divide"),
+        ("hacpo", {"delta": 1.0}, r"hacpo.delta = 1.0 is not allowed: in \[0, 1\)"),
+        ("hacpo", {"clip_cross": "no"}, r"hacpo.clip_cross: expected bool, got str 'no'"),
+        ("task", {"train_size": 0}, r"task.train_size = 0 is not allowed: >= 1"),
+        ("task", {"knobs": {"n_ops": {1, 2}}}, r"task.knobs: n_ops = \{1, 2\} is not allowed: a str, number"),
+        ("output", {"root": ""}, r"output.root = '' is not allowed: a non-empty directory"),
+    ],
+)
+def test_replace_validates_every_section(section, changes, match):
+    cfg = _cfg()
+    with pytest.raises(ConfigError, match=match):
+        dataclasses.replace(getattr(cfg, section), **changes)
+
+
+@pytest.mark.parametrize(
+    ("changes", "match"),
+    [
+        ({"algorithm": "ppo"}, r"algorithm = 'ppo' is not allowed: one of \['grpo'"),
+        ({"seed": "0"}, r"seed: expected int, got str '0'"),
+        (
+            {"train": {"prompts_per_step": 6, "minibatch_prompts": 3}, "algorithm": "gspo_x2"},
+            r"divisible by 2",
+        ),
+        ({"task": {"sorce": "x"}}, r"unknown key task.sorce; valid keys of 'task'"),
+    ],
+)
+def test_replace_validates_across_fields(changes, match):
+    with pytest.raises(ConfigError, match=match):
+        dataclasses.replace(_cfg(), **changes)
+
+
+def test_post_init_coerces_losslessly():
+    cfg = _cfg()
+    assert dataclasses.replace(cfg.train, lr="1e-4").lr == 1e-4
+    alpha = dataclasses.replace(cfg.hacpo, alpha=2).alpha
+    assert alpha == 2.0 and type(alpha) is float
+    assert dataclasses.replace(cfg, train={"steps": 3}).train.steps == 3
+
+
+@pytest.mark.parametrize("name", [n for n, m in METHODS.items() if not m.is_algorithm])
+def test_a_known_label_must_match_its_switches(name):
+    method = METHODS[name]
+    with pytest.raises(
+        ConfigError, match=rf"label = '{name}' is not allowed with hacpo\.\w+ = .*{method.label}"
+    ):
+        _cfg(label=name)
+    cfg = _cfg(label=name, hacpo=dict(method.switches))
+    assert cfg.method == name
+    with pytest.raises(ConfigError, match=rf"label = '{name}' is not allowed with algorithm = 'naive'"):
+        dataclasses.replace(cfg, algorithm="naive")
+
+
+def test_algorithm_labels_and_unknown_labels():
+    with pytest.raises(ConfigError, match=r"label = 'gspo' is not allowed with algorithm = 'hacpo'"):
+        _cfg(label="gspo")
+    assert _cfg(label="gspo", algorithm="gspo").method == "gspo"
+    assert _cfg(label="my-variant", hacpo={"alpha": 0.5}).method == "my-variant"
+
+
+def test_agents_are_specs_built_once():
+    cfg = _cfg(agents=["tiny:x", {"model": "org/model-7b", "lora": {"r": 4, "target_modules": ["q", "v"]}}])
+    assert all(isinstance(a, AgentSpec) for a in cfg.agents)
+    assert cfg.agent_names == ["x", "model-7b"]
+    assert cfg.agents[1].lora == LoraSpec(r=4, target_modules=("q", "v"))
+    assert dataclasses.replace(cfg, seed=1).agents == cfg.agents
+    again = _cfg(agents=list(cfg.agents))
+    assert again.agents == cfg.agents
+
+
+def test_to_dict_is_plain_yaml_that_reads_back_equal():
+    cfg = _cfg(
+        agents=[
+            "tiny:x",
+            {"name": "q", "model": "org/m", "lora": {"target_modules": ["q"]}, "quantization": "4bit"},
+        ],
+        task={"knobs": {"n_ops": [1, 3], "nested": {"k": [True, None]}}, "eval_knobs": {}},
+        label="hacpo-adv",
+        hacpo={"capability_baseline": False},
+    )
+    text = yaml.safe_dump(cfg.to_dict())  # safe_dump refuses tuples and custom classes
+    assert from_dict(yaml.safe_load(text)) == cfg
+    assert cfg.to_dict()["task"]["knobs"] == {"n_ops": [1, 3], "nested": {"k": [True, None]}}
+
+
+def test_knobs_are_immutable_hashable_and_picklable():
+    cfg = _cfg(task={"knobs": {"n_ops": [1, 3], "max_operand": 9}})
+    knobs = cfg.task.knobs
+    assert isinstance(knobs, FrozenMap) and knobs == {"n_ops": (1, 3), "max_operand": 9}
+    assert dict(**knobs) == {"n_ops": (1, 3), "max_operand": 9}
+    with pytest.raises(TypeError):
+        knobs["n_ops"] = (2, 2)
+    with pytest.raises(AttributeError):
+        knobs._items = {}
+    assert hash(cfg) == hash(pickle.loads(pickle.dumps(cfg)))
+    assert pickle.loads(pickle.dumps(cfg)) == cfg
+    assert cfg.task.eval_knobs is None and _cfg().task.knobs == {}

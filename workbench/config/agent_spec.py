@@ -42,10 +42,14 @@ class LoraSpec:
     """Scaling numerator: the update is scaled by ``alpha / r``."""
     dropout: float = 0.0
     """Adapter dropout. The workbench scores and trains in eval mode (see `workbench.agents.rollout`), so
-    this only
-    matters with gradient checkpointing; keep 0 for exact on-policy ratios."""
+    this only matters with gradient checkpointing; keep 0 for exact on-policy ratios."""
     target_modules: tuple[str, ...] | str = "all-linear"
     """Module names to adapt, or ``"all-linear"`` (every linear layer but the output head)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.target_modules, list):  # YAML lists: a tuple keeps the spec hashable
+            object.__setattr__(self, "target_modules", tuple(self.target_modules))
+        self.validate()
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LoraSpec:
@@ -53,12 +57,7 @@ class LoraSpec:
         if not isinstance(data, dict):
             raise AgentSpecError(f"lora: expected a mapping of LoRA settings or null, got {data!r}")
         _reject_unknown("lora", data, cls)
-        data = dict(data)
-        if isinstance(data.get("target_modules"), list):
-            data["target_modules"] = tuple(data["target_modules"])
-        spec = cls(**data)
-        spec.validate()
-        return spec
+        return cls(**data)
 
     def validate(self) -> None:
         """Raises `AgentSpecError` on an out-of-range value."""
@@ -113,6 +112,8 @@ class AgentSpec:
     """Passed to ``from_pretrained`` for hub models with custom code."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.lora, dict):
+            object.__setattr__(self, "lora", LoraSpec.from_dict(self.lora))
         self.validate()
 
     @classmethod
@@ -127,9 +128,6 @@ class AgentSpec:
         _reject_unknown("agent", data, cls)
         if "model" not in data:
             raise AgentSpecError(f"agent spec {data!r} has no 'model': name a model to load")
-        data = dict(data)
-        if data.get("lora") is not None and not isinstance(data["lora"], LoraSpec):
-            data["lora"] = LoraSpec.from_dict(data["lora"])
         return cls(**data)
 
     def to_dict(self) -> dict[str, Any]:
@@ -143,6 +141,8 @@ class AgentSpec:
         """Raises `AgentSpecError` naming the field, the value and what is allowed."""
         if not isinstance(self.model, str) or not self.model.strip():
             raise AgentSpecError(f"model = {self.model!r} is not allowed: a non-empty model name or path")
+        if self.name is not None and (not isinstance(self.name, str) or not self.name):
+            raise AgentSpecError(f"name = {self.name!r} is not allowed: a non-empty string or null")
         choice("quantization", self.quantization, QUANTIZATIONS)
         choice("dtype", self.dtype, DTYPES)
         choice("compute_dtype", self.compute_dtype, DTYPES)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from workbench.config.experiment import ConfigError, ExperimentConfig, from_dict
+from workbench.config.checks import ConfigError
+from workbench.config.experiment import ExperimentConfig, from_dict
 
 
 def parse_overrides(overrides: list[str] | dict[str, Any] | None) -> dict[str, Any]:
@@ -27,8 +29,6 @@ def parse_overrides(overrides: list[str] | dict[str, Any] | None) -> dict[str, A
 
 def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     """Set dotted keys (``train.lr``, ``agents.0.lora.r``) in a copy of ``data``."""
-    import copy
-
     data = copy.deepcopy(data)
     for dotted, value in overrides.items():
         node: Any = data

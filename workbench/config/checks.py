@@ -1,0 +1,116 @@
+"""Validation helpers of the config dataclasses: type coercion and range checks with naming messages.
+
+Every config dataclass calls :func:`coerce_fields` and :func:`require` from its ``__post_init__``, so a bad
+value is caught however the object is made (``from_dict``, the constructor, ``dataclasses.replace``) and the
+message names the key, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any
+
+from workbench.config.frozen import FrozenMap
+
+__all__ = ["NAME_PATTERN", "ConfigError", "build", "coerce", "coerce_fields", "require", "require_name"]
+
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
+"""Names that become directory names or metric-key segments: letters, digits and ``_.+-``."""
+_TYPE_NAMES = {FrozenMap: "a mapping"}
+_FLOAT_RE = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+
+
+class ConfigError(ValueError):
+    """A config key, value or path is wrong; the message names it and what is allowed."""
+
+
+def require(condition: bool, key: str, value: Any, allowed: str) -> None:
+    """Raise :class:`ConfigError` ``"<key> = <value> is not allowed: <allowed>"`` unless ``condition``."""
+    if not condition:
+        raise ConfigError(f"{key} = {value!r} is not allowed: {allowed}")
+
+
+def require_name(key: str, value: str, why: str) -> None:
+    """``value`` must match :data:`NAME_PATTERN` (``why`` says where the name ends up)."""
+    require(bool(NAME_PATTERN.fullmatch(value)), key, value, f"letters, digits and _.+- ({why})")
+
+
+def coerce(where: str, value: Any, annotation: Any) -> Any:
+    """``value`` as the annotated type where lossless (int → float, ``"1e-4"`` → float), else ConfigError.
+
+    Understands ``bool``, ``int``, ``float``, ``str``, ``X | None`` and ``FrozenMap`` (any mapping of YAML
+    data is frozen); other annotations pass the value through.
+    """
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        options = [a for a in args if a is not type(None)]
+        errors = []
+        for arg in options:
+            try:
+                return coerce(where, value, arg)
+            except ConfigError as exc:
+                errors.append(exc)
+        if len(options) == 1 and isinstance(value, Mapping):
+            raise errors[0]  # a mapping with a bad value inside: that message names it
+        names = [_TYPE_NAMES.get(a, getattr(a, "__name__", str(a))) for a in options]
+        names += ["null"] if type(None) in args else []
+        raise ConfigError(f"{where}: expected {' or '.join(names)}, got {type(value).__name__} {value!r}")
+    if annotation is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if annotation is float and isinstance(value, str) and _FLOAT_RE.fullmatch(value.strip()):
+        return float(value)  # PyYAML reads "1e-4" (no dot) as a string; users write it anyway
+    if annotation in (int, float, str, bool):
+        if type(value) is not annotation:
+            raise ConfigError(
+                f"{where}: expected {annotation.__name__}, got {type(value).__name__} {value!r}"
+            )
+        return value
+    if annotation is FrozenMap:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where}: expected a mapping, got {type(value).__name__} {value!r}")
+        try:
+            return FrozenMap(value)
+        except TypeError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+    return value
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def coerce_fields(obj: Any, section: str) -> None:
+    """Coerce every field of the frozen dataclass ``obj`` to its annotation, in place (``section.field``)."""
+    hints = _hints(type(obj))
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        coerced = coerce(f"{section}.{f.name}" if section else f.name, value, hints[f.name])
+        if coerced is not value:
+            object.__setattr__(obj, f.name, coerced)
+
+
+def build(name: str, cls: type, data: Any) -> Any:
+    """A section dataclass from ``data``: an instance as is, a mapping of its fields, or None (defaults).
+
+    Raises:
+        ConfigError: ``data`` is not a mapping, or holds an unknown key (the message lists the valid ones).
+    """
+    if data is None:
+        return cls()
+    if isinstance(data, cls):
+        return data
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{name}: expected a mapping of settings, got {data!r}")
+    valid = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(data) - set(valid), key=str)
+    if unknown:
+        raise ConfigError(f"unknown key {name}.{unknown[0]}; valid keys of {name!r}: {valid}")
+    return cls(**data)
