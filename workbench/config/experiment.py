@@ -249,6 +249,9 @@ class ExperimentConfig:
         object.__setattr__(self, "agents", _agent_specs(self.agents))
         require_name("experiment", self.experiment, "the run directory's parent folder")
         require(self.algorithm in ALGORITHMS, "algorithm", self.algorithm, f"one of {list(ALGORITHMS)}")
+        if self.algo.share_rollouts:
+            n = len(self.agents)
+            require(n >= 2, "agents", self.agent_names, f"{self.algorithm} shares rollouts: >= 2 agents")
         m = self.algo.group_multiplier
         require(
             self.train.minibatch_prompts % m == 0,
@@ -338,8 +341,7 @@ def _yaml(value: Any) -> str:
 def from_dict(data: Mapping[str, Any]) -> ExperimentConfig:
     """Build and validate an :class:`ExperimentConfig` from plain data (YAML, ``to_dict``).
 
-    On top of the checks every config gets on construction: unknown keys are errors, and an algorithm that
-    shares rollouts needs two agents or more.
+    Unknown keys are errors here; every other check runs on construction (``ExperimentConfig.__post_init__``).
     """
     if not isinstance(data, Mapping):
         raise ConfigError(f"an experiment config must be a mapping, got {type(data).__name__}")
@@ -350,11 +352,4 @@ def from_dict(data: Mapping[str, Any]) -> ExperimentConfig:
     for key in ("experiment", "agents"):
         if key not in data:
             raise ConfigError(f"missing required key {key!r}")
-    cfg = ExperimentConfig(**data)
-    # Checked on user input only: one agent under a sharing algorithm is the exact GSPO reduction (style
-    # principle 6) that tests build directly, but in an experiment file it is a mistake.
-    if cfg.algo.share_rollouts:
-        require(
-            len(cfg.agents) >= 2, "agents", cfg.agent_names, f"{cfg.algorithm} shares rollouts: >= 2 agents"
-        )
-    return cfg
+    return ExperimentConfig(**data)
