@@ -18,7 +18,7 @@ from workbench.config.loading import load_experiment
 from workbench.core import losses
 from workbench.lab.frames import load_runs
 from workbench.train.checkpoint import list_checkpoints, load_latest_checkpoint
-from workbench.train.run import train
+from workbench.train.run import fit, train
 from workbench.train.trainer import Trainer, TrainingError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,7 +90,7 @@ def test_one_agent_hacpo_reproduces_gspo_exactly(tmp_path):
         from workbench.train.rundir import RunWriter
 
         RunWriter(run_dir).write_config(cfg.to_dict())
-        runs.append(Trainer(cfg, run_dir).fit())
+        runs.append(fit(Trainer(cfg, run_dir)))
     w_gspo, w_hacpo = (_final_weights(r) for r in runs)
     assert w_gspo.keys() == w_hacpo.keys()
     assert all(torch.equal(w_gspo[k], w_hacpo[k]) for k in w_gspo)

@@ -12,13 +12,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tqdm.auto import tqdm
+
 from workbench.config.experiment import ExperimentConfig
 from workbench.config.loading import load_experiment
 from workbench.train.checkpoint import load_latest_checkpoint
 from workbench.train.rundir import RunWriter, config_hash, create_run_dir, find_run
 from workbench.train.trainer import Trainer
 
-__all__ = ["train"]
+__all__ = ["fit", "train"]
 
 log = logging.getLogger(__name__)
 
@@ -65,4 +67,39 @@ def train(
         log.info("resumed %s from step %d", run_dir, step)
     else:  # killed before the step-0 checkpoint: start over, dropping any partial step-0 logs
         writer.rollback_to(-1)
-    return trainer.fit()
+    return fit(trainer)
+
+
+def fit(trainer: Trainer) -> Path:
+    """Run or continue ``trainer``'s loop to ``train.steps`` (log, evaluate, checkpoint); return the run dir.
+
+    Step 0 evaluates the initial agents and checkpoints them, so a run killed before its first save resumes
+    from there. Each step's metrics are logged, then (every ``save_every`` steps and at the end) a checkpoint
+    is written, then ``on_step`` is called.
+    """
+    t, writer = trainer.cfg.train, trainer.writer
+    if trainer.step == 0:
+        metrics = trainer.evaluate()
+        writer.log_metrics(0, metrics)
+        trainer.save()
+        _notify(trainer, 0, metrics)
+    progress = tqdm(total=t.steps, initial=trainer.step, desc=trainer.cfg.experiment, unit="step")
+    while trainer.step < t.steps:
+        metrics = trainer.train_step()
+        last = trainer.step == t.steps
+        if (t.eval_every and trainer.step % t.eval_every == 0) or last:
+            metrics |= trainer.evaluate()
+        writer.log_metrics(trainer.step, metrics)
+        if trainer.step % t.save_every == 0 or last:
+            trainer.save()
+        _notify(trainer, trainer.step, metrics)
+        progress.update(1)
+        progress.set_postfix({n: f"{metrics[f'train/acc/{n}']:.2f}" for n in trainer.names})
+    progress.close()
+    writer.mark_done({"steps": trainer.step, "agents": trainer.names})
+    return trainer.run_dir
+
+
+def _notify(trainer: Trainer, step: int, metrics: dict[str, float]) -> None:
+    if trainer.on_step is not None:
+        trainer.on_step({"step": step, **metrics})

@@ -355,35 +355,6 @@ class Trainer:
                 metrics[key] = self.cost[key]
 
     # ------------------------------------------------------------------------------------ the loop
-    def fit(self) -> Path:
-        """Run (or continue) the training loop to ``train.steps``; returns the run directory."""
-        t = self.cfg.train
-        from tqdm.auto import tqdm
-
-        if self.step == 0:
-            metrics = self.evaluate()
-            self.writer.log_metrics(0, metrics)
-            self.save()  # step 0: the initial weights, so a run killed before its first save resumes here
-            self._notify(0, metrics)
-        progress = tqdm(total=t.steps, initial=self.step, desc=f"{self.cfg.experiment}", unit="step")
-        while self.step < t.steps:
-            metrics = self.train_step()
-            last = self.step == t.steps
-            if (t.eval_every and self.step % t.eval_every == 0) or last:
-                metrics |= self.evaluate()
-            self.writer.log_metrics(self.step, metrics)
-            if self.step % t.save_every == 0 or last:
-                self.save()
-            self._notify(self.step, metrics)
-            progress.update(1)
-            progress.set_postfix({n: f"{metrics[f'train/acc/{n}']:.2f}" for n in self.names})
-        progress.close()
-        self.writer.mark_done({"steps": self.step, "agents": self.names})
-        return self.run_dir
-
-    def _notify(self, step: int, metrics: dict[str, float]) -> None:
-        if self.on_step is not None:
-            self.on_step({"step": step, **metrics})
 
 
 _COST_KEYS = ("generated_responses", "generated_tokens", "trained_responses", "trained_tokens", "updates")
