@@ -7,6 +7,7 @@ import json
 import pandas as pd
 import pytest
 
+from workbench.config.methods import METHODS, SPARE_COLORS
 from workbench.lab import plots
 from workbench.lab.explore import cross_weight_table, metrics_frame
 from workbench.lab.frames import load_runs, melt_metric
@@ -96,6 +97,15 @@ def test_training_curves_average_seeds_per_method_and_panel_per_agent(runs_df, t
     )
     assert layer[0]["encoding"]["color"]["scale"]["domain"] == ["GSPO", "no Clip", "HACPO"]
     _assert_renders(chart, tmp_path, "fig3", [A1, A2, "GSPO", "HACPO", "Figure 3"])
+
+
+def test_methods_keep_the_colours_of_the_methods_table(runs_df):
+    mine = _run("mine-0", "my-variant", [A1, A2], 0.01)
+    chart = plots.training_curves(pd.concat([runs_df, mine], ignore_index=True), "train/acc")
+    scale = chart.to_dict()["spec"]["layer"][0]["encoding"]["color"]["scale"]
+    assert scale["domain"] == ["GSPO", "no Clip", "my-variant", "HACPO"]
+    expected = [METHODS["gspo"].color, METHODS["hacpo-noclip"].color, SPARE_COLORS[0], METHODS["hacpo"].color]
+    assert scale["range"] == expected
 
 
 def test_training_curves_filters_and_accepts_long_frames(runs_df, tmp_path):

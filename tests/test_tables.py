@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from workbench.lab.latex import to_latex
-from workbench.lab.tables import alpha_table, method_label, paper_table, ratio_stats_table, with_variants
+from workbench.lab.tables import alpha_table, paper_table, ratio_stats_table
 
 A1, A2 = "char-gpt2", "bpe-llama"
 BENCHES = ("arith", "gsm")
@@ -54,17 +54,6 @@ def evals_df() -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def test_method_labels_follow_the_paper():
-    assert [method_label(m) for m in ["gspo_x2", "naive", "hacpo", "hacpo-adv", "hacpo-xyz", "other"]] == [
-        "GSPO×2",
-        "Naive",
-        "HACPO",
-        "HACPO − Adv",
-        "HACPO − xyz",
-        "other",
-    ]
-
-
 def test_paper_table_layout_matches_table_1(evals_df):
     table = paper_table(evals_df)
     assert list(table.columns) == [*BENCHES, "AVG"]
@@ -90,6 +79,21 @@ def test_paper_table_selects_methods_and_metric(evals_df):
     assert list(table.index.get_level_values("model")) == [f"{A2} (Naive)", f"{A2} (HACPO)"]
     avg4 = paper_table(evals_df, metric="avg@4")
     assert avg4.loc[(A1, f"{A1} (HACPO)"), "AVG"] == pytest.approx(0.99)
+
+
+def test_paper_table_names_and_orders_methods_by_the_methods_table(evals_df):
+    rows = []
+    for run in ("hacpo-noclip", "mine", "hacpo-adv"):  # labels of run configs: known ablations, a user's own
+        rows += _eval_rows(run, run, A1, 10, [0.3, 0.3])
+    table = paper_table(pd.concat([evals_df, pd.DataFrame(rows)]), agents=[A1], include_untrained=False)
+    assert list(table.index.get_level_values("model")) == [
+        f"{A1} (GSPO)",
+        f"{A1} (Naive)",
+        f"{A1} (HACPO − Adv)",
+        f"{A1} (no Clip)",
+        f"{A1} (mine)",
+        f"{A1} (HACPO)",
+    ]
 
 
 def test_paper_table_rounds_and_marks_missing_benchmarks(evals_df):
@@ -214,39 +218,3 @@ def test_to_latex_row_axis_marks_best_alpha(tmp_path):
     text = tex.read_text()
     assert r"1.7B & 0.630 & 0.664 & \textbf{0.668} \\" in text
     assert r"4B & 0.756 & \textbf{0.792} & 0.770 \\" in text
-
-
-def test_with_variants_names_ablation_runs_from_their_configs(tmp_path):
-    switches = {
-        "full": {"alpha": 1.0},
-        "adv": {"capability_baseline": False},
-        "both": {"omega_in_loss": False, "clip_cross": False},
-        "static": {"delta_step": 0.0},
-    }
-    rows = []
-    for name, hacpo in switches.items():
-        run_dir = tmp_path / name
-        run_dir.mkdir()
-        (run_dir / "config.yaml").write_text(yaml.safe_dump({"algorithm": "hacpo", "hacpo": hacpo}))
-        rows.append({"run": name, "algorithm": "hacpo", "run_dir": str(run_dir), "step": 1})
-    rows.append({"run": "g", "algorithm": "gspo", "run_dir": str(tmp_path / "no-config"), "step": 1})
-    out = with_variants(pd.DataFrame(rows))
-    assert out["algorithm"].tolist() == [
-        "hacpo",
-        "hacpo-adv",
-        "hacpo-omega-noclip",
-        "hacpo-nostepwise",
-        "gspo",
-    ]
-    assert [method_label(a) for a in out["algorithm"]] == [
-        "HACPO",
-        "HACPO − Adv",
-        "HACPO − omega-noclip",
-        "no Stepwise",
-        "GSPO",
-    ]
-    broken = pd.DataFrame([{"algorithm": "hacpo", "run_dir": str(tmp_path / "missing")}])
-    with pytest.raises(
-        ValueError, match=r"cannot read hacpo\.<ablation switches> from .*missing/config\.yaml"
-    ):
-        with_variants(broken)

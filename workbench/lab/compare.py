@@ -6,14 +6,17 @@ agents, prompts and seed, then a table per agent of initial, GSPO and HACPO accu
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from workbench.config.experiment import ALGORITHMS, ConfigError
+from workbench.config.checks import ConfigError
+from workbench.config.experiment import ExperimentConfig
 from workbench.config.loading import load_experiment, parse_overrides
+from workbench.config.methods import ALGORITHMS
 from workbench.lab.frames import load_evals
 
 __all__ = ["ShortRun", "accuracy_table", "run_comparison", "run_experiments"]
@@ -30,25 +33,39 @@ def run_comparison(
 
     Args:
         config: Experiment YAML.
-        algorithms: Names in ``workbench.config.ALGORITHMS``; each run overrides ``algorithm``.
+        algorithms: Names in ``workbench.config.methods.ALGORITHMS``; each run overrides ``algorithm``.
         overrides: Extra ``key=value`` overrides applied to every run.
-        on_step: Forwarded to :func:`workbench.train.trainer.train`, with ``algorithm`` added to each dict.
+        on_step: Forwarded to :func:`workbench.train.run.train`, with ``algorithm`` added to each dict.
 
     Returns:
         ``{algorithm: run_dir}``.
+
+    Raises:
+        ConfigError: An unknown algorithm, or a config that is invalid under one of them (checked for all
+            before the first run trains).
     """
-    from workbench.train.trainer import train
+    from workbench.train.run import train
 
     unknown = [a for a in algorithms if a not in ALGORITHMS]
     if unknown:
-        raise ConfigError(f"unknown algorithm {unknown[0]!r}; valid: {sorted(ALGORITHMS)}")
-    base = parse_overrides(overrides)
+        raise ConfigError(f"unknown algorithm {unknown[0]!r}; valid: {list(ALGORITHMS)}")
+    if not algorithms:
+        return {}
+    # The YAML is read once; each algorithm's config is a validated copy of it.
+    cfg = load_experiment(config, parse_overrides(overrides) | {"algorithm": algorithms[0]})
+    configs = {a: _with_algorithm(cfg, a, config) for a in algorithms}
     runs = {}
-    for algorithm in algorithms:
-        cfg = load_experiment(config, base | {"algorithm": algorithm})
+    for algorithm, algo_cfg in configs.items():
         callback = None if on_step is None else (lambda m, a=algorithm: on_step({"algorithm": a, **m}))
-        runs[algorithm] = train(cfg, on_step=callback)
+        runs[algorithm] = train(algo_cfg, on_step=callback)
     return runs
+
+
+def _with_algorithm(cfg: ExperimentConfig, algorithm: str, path: str | Path) -> ExperimentConfig:
+    try:
+        return dataclasses.replace(cfg, algorithm=algorithm)
+    except ConfigError as exc:
+        raise ConfigError(f"{path} (algorithm: {algorithm}): {exc}") from None
 
 
 def run_experiments(
@@ -62,22 +79,25 @@ def run_experiments(
     Args:
         configs: YAML files, or folders whose ``*.yaml`` files are all taken (sorted by name).
         overrides: ``key=value`` overrides applied to every experiment.
-        on_step: Forwarded to :func:`workbench.train.trainer.train`, with ``algorithm`` (the label) added.
+        on_step: Forwarded to :func:`workbench.train.run.train`, with ``algorithm`` (the label) added.
 
     Returns:
         ``{method label: run_dir}`` (the label is ``label`` or the algorithm of each config).
     """
-    from workbench.train.trainer import train
+    from workbench.train.run import train
 
     base = parse_overrides(overrides)
-    runs = {}
     paths = [p for c in map(Path, configs) for p in (sorted(c.glob("*.yaml")) if c.is_dir() else [c])]
-    for path in paths:
+    by_method: dict[str, ExperimentConfig] = {}
+    for path in paths:  # every config is validated before the first run trains
         cfg = load_experiment(path, base)
-        if cfg.method in runs:
+        if cfg.method in by_method:
             raise ConfigError(f"{path}: method label {cfg.method!r} is used twice; set a distinct 'label'")
-        callback = None if on_step is None else (lambda m, a=cfg.method: on_step({"algorithm": a, **m}))
-        runs[cfg.method] = train(cfg, on_step=callback)
+        by_method[cfg.method] = cfg
+    runs = {}
+    for method, cfg in by_method.items():
+        callback = None if on_step is None else (lambda m, a=method: on_step({"algorithm": a, **m}))
+        runs[method] = train(cfg, on_step=callback)
     return runs
 
 
@@ -140,7 +160,7 @@ class ShortRun:
 
     def __call__(self, params: dict[str, Any]) -> Path:
         """Train with ``params`` (``hacpo`` keys from ``_TUNING_KEYS`` and ``steps``); returns the run dir."""
-        from workbench.train.trainer import train
+        from workbench.train.run import train
 
         chosen = {f"hacpo.{k}": params[k] for k in _TUNING_KEYS if k in params}
         if "steps" in params:

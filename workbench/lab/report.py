@@ -16,6 +16,7 @@ from typing import Any
 
 import pandas as pd
 
+from workbench.config.methods import methods_in
 from workbench.core.io import atomic_write_text
 from workbench.lab import latex, plots, tables
 from workbench.lab.explore import capability_table, cross_weight_table
@@ -112,13 +113,16 @@ def benchmark_report(run_dirs: Iterable[Path | str] | dict[str, Path], out_dir: 
 
 
 def ablation_report(run_dirs: Iterable[Path | str] | dict[str, Path], out_dir: str | Path) -> Report:
-    """Tables 2-4 and 6 and Figure 4 from HACPO runs and its ablations (method labels ``hacpo-*``)."""
+    """Tables 2-4 and 6 and Figure 4 from HACPO runs and its ablations (``label`` names of the methods table).
+
+    Which method goes in which table comes from ``workbench.config.methods.METHODS`` (its ``paper`` field).
+    """
     out_dir, runs = Path(out_dir), _runs(run_dirs)
     df, evals = load_runs(runs), load_evals(runs)
     report = Report()
     if not evals.empty:
-        methods = sorted(evals["algorithm"].unique())
-        components = [m for m in methods if m == "hacpo" or m in ("hacpo-adv", "hacpo-omega")]
+        present = set(evals["algorithm"])
+        components = [m for m in [*methods_in("Table 2"), *methods_in("Table 3"), "hacpo"] if m in present]
         if len(components) > 1:
             report.add_table(
                 "table2_3",
@@ -126,9 +130,7 @@ def ablation_report(run_dirs: Iterable[Path | str] | dict[str, Path], out_dir: s
                 out_dir,
                 "Removing the capability-aware advantage (−Adv, Table 2) or ω in the loss (−ω, Table 3)",
             )
-        alpha_evals = evals[
-            (evals["algorithm"] == "hacpo") | evals["algorithm"].str.startswith("hacpo-alpha")
-        ]
+        alpha_evals = evals[evals["algorithm"].isin(["hacpo", *methods_in("Table 4")])]
         if alpha_evals["run_dir"].nunique() > 1:
             report.add_table(
                 "table4", tables.alpha_table(alpha_evals), out_dir, "α sensitivity (Table 4)", axis="row"

@@ -4,17 +4,15 @@
   row first, columns = benchmarks + AVG); also Tables 2-3 when given a method subset.
 - :func:`alpha_table`: Table 4 (one score per agent and α).
 - :func:`ratio_stats_table`: Table 6 (per-step averages of the self and cross importance-ratio stats).
-- :func:`with_variants`: names HACPO ablation runs (``"hacpo-adv"``, ...) from their configs.
-- :func:`to_latex`: booktabs LaTeX with the best value per column (within each agent block) in bold, and
-  the same table as CSV; both written atomically.
+- ``workbench.lab.latex.to_latex``: booktabs LaTeX with the best value per column (within each agent block)
+  in bold, and the same table as CSV; both written atomically.
 
-Pure pandas (no altair, no torch). The method names and their display labels live here, so figures and
-tables name methods the same way (:func:`method_label`, :data:`METHOD_ORDER`).
+Pure pandas (no altair, no torch). Methods are named, labelled and ordered by the one table of methods,
+``workbench.config.methods`` (``method_label``, ``method_sort_key``), so figures and tables agree.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,54 +20,11 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-logger = logging.getLogger(__name__)
+from workbench.config.methods import method_label, method_sort_key
 
-__all__ = [
-    "ABLATION_SWITCHES",
-    "METHOD_LABELS",
-    "METHOD_ORDER",
-    "alpha_table",
-    "as_long",
-    "method_label",
-    "method_sort_key",
-    "paper_table",
-    "ratio_stats_table",
-    "with_variants",
-]
+__all__ = ["alpha_table", "as_long", "paper_table", "ratio_stats_table"]
 
-#: Display label of every method: a config's ``algorithm`` or an ablation name from :func:`with_variants`.
-METHOD_LABELS: dict[str, str] = {
-    "grpo": "GRPO",
-    "gspo": "GSPO",
-    "gspo_x2": "GSPO×2",
-    "naive": "Naive",
-    "hacpo": "HACPO",
-    "hacpo-adv": "HACPO − Adv",
-    "hacpo-omega": "HACPO − ω",
-    "hacpo-nostepwise": "no Stepwise",
-    "hacpo-noclip": "no Clip",
-}
-#: Row order of methods in tables and legends: the paper's Table 1 order, ablations before HACPO.
-METHOD_ORDER: tuple[str, ...] = ("grpo", "gspo", "gspo_x2", "naive")
 EVAL_COLUMNS = ("run", "algorithm", "step", "agent", "benchmark", "metric", "value")
-
-
-def method_label(algorithm: str) -> str:
-    """Display label of a method: ``"gspo_x2"`` → ``"GSPO×2"``, ``"hacpo-foo"`` → ``"HACPO − foo"``."""
-    if algorithm in METHOD_LABELS:
-        return METHOD_LABELS[algorithm]
-    if algorithm.startswith("hacpo-"):
-        return f"HACPO − {algorithm.removeprefix('hacpo-')}"
-    return algorithm
-
-
-def method_sort_key(algorithm: str) -> tuple[int, str]:
-    """Sort key: GRPO, GSPO, GSPO×2, Naive, other methods and ablations (alphabetical), HACPO last."""
-    if algorithm in METHOD_ORDER:
-        return (METHOD_ORDER.index(algorithm), algorithm)
-    if algorithm == "hacpo":
-        return (len(METHOD_ORDER) + 1, algorithm)
-    return (len(METHOD_ORDER), algorithm)
 
 
 def _require_columns(df: pd.DataFrame, columns: Sequence[str], what: str) -> None:
@@ -171,59 +126,13 @@ def paper_table(
     return table.round(decimals)
 
 
-def _read_hacpo(run_dir: str, key: str) -> dict:
-    """The ``hacpo`` section of a run's ``config.yaml``; ``key`` is what the caller needs (for the error)."""
+def _read_alpha(run_dir: str) -> float:
+    """``hacpo.alpha`` from a run's ``config.yaml``."""
     path = Path(run_dir) / "config.yaml"
     try:
-        section = yaml.safe_load(path.read_text(encoding="utf-8"))["hacpo"]
-        if not isinstance(section, dict):
-            raise TypeError(f"'hacpo' is a {type(section).__name__}, not a mapping")
-        return section
-    except (OSError, KeyError, TypeError, yaml.YAMLError) as err:
-        raise ValueError(f"cannot read hacpo.{key} from {path}: {err!r}") from err
-
-
-def _read_alpha(run_dir: str) -> float:
-    try:
-        return float(_read_hacpo(run_dir, "alpha")["alpha"])
-    except (KeyError, TypeError, ValueError) as err:
-        raise ValueError(f"cannot read hacpo.alpha from {Path(run_dir) / 'config.yaml'}: {err!r}") from err
-
-
-#: Ablation switches of the config's ``hacpo`` section (spec §3, Fig. 4): (key, ablated value, suffix).
-ABLATION_SWITCHES: tuple[tuple[str, object, str], ...] = (
-    ("capability_baseline", False, "adv"),
-    ("omega_in_loss", False, "omega"),
-    ("delta_step", 0, "nostepwise"),
-    ("clip_cross", False, "noclip"),
-)
-
-
-def with_variants(df: pd.DataFrame) -> pd.DataFrame:
-    """Name HACPO ablation runs by what they switch off: ``algorithm`` ``"hacpo"`` → ``"hacpo-adv"`` etc.
-
-    Ablations are configurations of the ``hacpo`` algorithm (``capability_baseline: false`` → −Adv,
-    ``omega_in_loss: false`` → −ω, ``delta_step: 0`` → no Stepwise, ``clip_cross: false`` → no Clip), so
-    ``load_runs``/``load_evals`` report them all as ``"hacpo"``. This reads each HACPO run's
-    ``config.yaml`` (column ``run_dir``) and appends the switched-off parts, joined by ``-`` when several
-    (``"hacpo-adv-omega"``), so tables and figures give each variant its own row and line.
-
-    Args:
-        df: Any frame with ``algorithm`` and ``run_dir`` columns (``load_runs``, ``load_evals``).
-
-    Returns:
-        A copy with ``algorithm`` renamed for ablation runs; other rows unchanged.
-    """
-    _require_columns(df, ["algorithm", "run_dir"], "df")
-    names = {}
-    for run_dir in df.loc[df["algorithm"] == "hacpo", "run_dir"].dropna().unique():
-        section = _read_hacpo(run_dir, "<ablation switches>")
-        off = [suffix for key, value, suffix in ABLATION_SWITCHES if key in section and section[key] == value]
-        names[run_dir] = "-".join(["hacpo", *off])
-    out = df.copy()
-    mask = out["run_dir"].isin(list(names))
-    out.loc[mask, "algorithm"] = out.loc[mask, "run_dir"].map(names)
-    return out
+        return float(yaml.safe_load(path.read_text(encoding="utf-8"))["hacpo"]["alpha"])
+    except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError) as err:
+        raise ValueError(f"cannot read hacpo.alpha from {path}: {err!r}") from err
 
 
 def alpha_table(

@@ -1,137 +1,37 @@
-"""Altair charts of runs (Figures 3-4 style and the training diagnostics) and their export.
+"""The chart functions: Figures 3-4 and the training diagnostics, each a finished chart in the house style.
 
-Every chart function takes the WIDE frame of ``workbench.lab.frames.load_runs`` (or ``explore.metrics_frame``)
-or the LONG frame of ``melt_metric`` for its key family, and returns a finished chart in the house style:
-
-| function | keys | figure |
-|---|---|---|
-| :func:`training_curves` | ``eval/acc``, ``train/acc`` | accuracy per agent and method (Fig. 3) |
-| :func:`ablation_curves` | ``eval/acc`` | HACPO and its ablations (Fig. 4) |
-| :func:`capability_chart` | ``capability`` | windowed accuracy P̂ per agent (Eq. 9) |
-| :func:`omega_chart` | ``omega`` | ω = P̂_learner / P̂_source (Eq. 8) |
-| :func:`ratio_chart` | ``is/*/*/ratio_*`` | self vs cross sequence ratio s, mean with a min-max band |
-| :func:`clip_fraction_chart` | ``is/*/*/clip_frac``, ``in_range_frac`` | clipped / in-range fractions |
-| :func:`cross_weight_chart` | ``explore.cross_weight_table`` | a cross sample's weight against s |
-| :func:`cost_chart` | ``cost`` | rollouts generated vs trained per agent |
-
-The style lives in one place (:data:`THEME`, :data:`PALETTE`, :data:`DASHES`, :data:`SHAPES`): series differ
-by colour *and* dash *and* marker, so figures stay readable in greyscale print. :func:`save_chart` writes PNG,
-SVG and self-contained HTML atomically; :func:`setup_notebook` selects the offline ``svg`` renderer
-(JupyterLab 4's own renderer does not know Vega-Lite v6). altair is imported here and nowhere else.
+Every function takes the WIDE frame of ``workbench.lab.frames.load_runs`` (or ``explore.metrics_frame``) or
+the LONG frame of ``melt_metric`` for its key family; the table in ``workbench.lab.plots`` lists them.
 """
 
 from __future__ import annotations
 
-import io
-import logging
 from collections.abc import Sequence
-from pathlib import Path
 
 import altair as alt
 import pandas as pd
 
-from workbench.core.io import atomic_write_bytes
-from workbench.lab.tables import as_long, method_label, method_sort_key
-
-logger = logging.getLogger(__name__)
+from workbench.config.methods import METHODS, method_label
+from workbench.lab.plots.style import (
+    DASHES,
+    PANEL_HEIGHT,
+    PANEL_WIDTH,
+    finish,
+    method_style,
+    series_style,
+)
+from workbench.lab.tables import as_long
 
 __all__ = [
-    "DASHES",
-    "PALETTE",
-    "SHAPES",
-    "THEME",
     "ablation_curves",
     "capability_chart",
-    "chart_to_svg",
     "clip_fraction_chart",
     "cost_chart",
     "cross_weight_chart",
     "omega_chart",
     "ratio_chart",
-    "save_chart",
-    "setup_notebook",
     "training_curves",
 ]
-
-# ---------------------------------------------------------------------------------------------------------
-# The house style, in one place.
-#: Okabe-Ito colours (colour-blind safe), then black.
-PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000")
-#: Dash patterns paired with the colours, so series differ in greyscale too.
-DASHES = ([1, 0], [6, 3], [2, 2], [8, 3, 2, 3], [4, 4], [1, 4], [10, 2], [3, 6])
-#: Marker shapes paired with the colours.
-SHAPES = ("circle", "square", "triangle-up", "diamond", "cross", "triangle-down", "triangle-left", "stroke")
-#: Fixed colour of each known method, so one method looks the same in every figure.
-METHOD_COLORS = {
-    "hacpo": "#D55E00",
-    "gspo": "#0072B2",
-    "grpo": "#009E73",
-    "gspo_x2": "#56B4E9",
-    "naive": "#000000",
-}
-PANEL_WIDTH, PANEL_HEIGHT = 240, 160
-#: Vega-Lite config applied to every chart (also registered as the altair theme ``"hacpo"``).
-THEME: dict = {
-    "font": "Helvetica, Arial, sans-serif",
-    "background": "white",
-    "view": {"stroke": "#BBBBBB", "continuousWidth": PANEL_WIDTH, "continuousHeight": PANEL_HEIGHT},
-    "axis": {"labelFontSize": 11, "titleFontSize": 12, "gridColor": "#E5E5E5", "tickColor": "#888888"},
-    "header": {"labelFontSize": 12, "titleFontSize": 12},
-    "legend": {"labelFontSize": 11, "titleFontSize": 12, "orient": "bottom", "symbolStrokeWidth": 2},
-    "title": {"fontSize": 14, "anchor": "start"},
-    "line": {"strokeWidth": 2},
-    "point": {"size": 36, "filled": True},
-}
-
-
-@alt.theme.register("hacpo", enable=False)
-def _hacpo_theme() -> alt.theme.ThemeConfig:
-    return {"config": THEME}
-
-
-def setup_notebook() -> None:
-    """Render charts offline in JupyterLab: the ``svg`` renderer (via vl-convert) and the house theme."""
-    alt.renderers.enable("svg")
-    alt.theme.enable("hacpo")
-    alt.data_transformers.disable_max_rows()  # long runs exceed altair's 5,000-row default
-
-
-def _finish(chart: alt.TopLevelMixin, title: str | None) -> alt.TopLevelMixin:
-    if title:
-        chart = chart.properties(title=title)
-    return chart.configure(**THEME)
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Series styling and frame helpers.
-def _style(field: str, domain: Sequence[str], title: str, colors: Sequence[str] | None = None) -> dict:
-    """Colour + dash + shape encodings sharing one legend for a nominal ``field`` with this ``domain``."""
-    domain = list(domain)
-    colors = list(colors) if colors is not None else [PALETTE[i % len(PALETTE)] for i in range(len(domain))]
-    n = len(domain)
-    legend = {"title": title, "sort": domain}
-    return {
-        "color": alt.Color(f"{field}:N", scale=alt.Scale(domain=domain, range=colors), **legend),
-        "strokeDash": alt.StrokeDash(
-            f"{field}:N",
-            scale=alt.Scale(domain=domain, range=[DASHES[i % len(DASHES)] for i in range(n)]),
-            **legend,
-        ),
-        "shape": alt.Shape(
-            f"{field}:N",
-            scale=alt.Scale(domain=domain, range=[SHAPES[i % len(SHAPES)] for i in range(n)]),
-            **legend,
-        ),
-    }
-
-
-def _method_style(algorithms: Sequence[str]) -> tuple[dict, list[str]]:
-    """Styles keyed by method label, in paper order, known methods in their fixed colours."""
-    ordered = sorted(dict.fromkeys(algorithms), key=method_sort_key)
-    spare = iter(c for c in PALETTE if c not in METHOD_COLORS.values())
-    colors = [METHOD_COLORS.get(a) or next(spare, PALETTE[0]) for a in ordered]
-    labels = [method_label(a) for a in ordered]
-    return _style("method", labels, "method", colors), labels
 
 
 def _long(df: pd.DataFrame, prefix: str, needed: Sequence[str]) -> pd.DataFrame:
@@ -197,8 +97,6 @@ def _kind_domain(kinds: pd.Series) -> list[str]:
     return sorted(set(kinds), key=lambda k: (k != "self", k))
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Chart functions.
 def training_curves(
     df: pd.DataFrame,
     metric: str = "eval/acc",
@@ -226,10 +124,10 @@ def training_curves(
     if long.empty:
         raise ValueError(f"no {metric!r} values for agents={agents} algorithms={algorithms}")
     data = long.groupby(["agent", "algorithm", "step"], as_index=False, sort=False)["value"].mean()
-    style, _ = _method_style(data["algorithm"].tolist())
+    style, _ = method_style(data["algorithm"].tolist())
     data["method"] = data["algorithm"].map(method_label)
     layers = _lines("value", style, y_title, data.columns, scale=alt.Scale(zero=False))
-    return _finish(_facet(layers, data, "agent", None), title)
+    return finish(_facet(layers, data, "agent", None), title)
 
 
 def ablation_curves(
@@ -240,7 +138,8 @@ def ablation_curves(
     agents: Sequence[str] | None = None,
     title: str | None = "HACPO ablations",
 ) -> alt.TopLevelMixin:
-    """Figure 4: HACPO against its ablations (default: every ``hacpo*`` algorithm in ``df``).
+    """Figure 4: HACPO against its ablations (default: ``hacpo`` and every method of ``df`` that the methods
+    table lists as an ablation of it).
 
     Args:
         df: As for :func:`training_curves`.
@@ -250,8 +149,8 @@ def ablation_curves(
         title: Chart title.
     """
     if variants is None:
-        algorithms = df["algorithm"].dropna().unique().tolist()
-        variants = [a for a in algorithms if a == "hacpo" or a.startswith("hacpo-")]
+        present = df["algorithm"].dropna().unique().tolist()
+        variants = [a for a in present if a in METHODS and METHODS[a].algorithm == "hacpo"]
     return training_curves(df, metric, agents=agents, algorithms=variants, title=title)
 
 
@@ -261,9 +160,9 @@ def capability_chart(
     """P̂ per agent over steps (Eq. 9); one panel per run when there are several."""
     long = _long(df, "capability", ["run", "algorithm", "step", "agent", "value"])
     data = long[["step", "agent", "value"]].assign(run_label=_runs_field(long))
-    style = _style("agent", list(dict.fromkeys(data["agent"])), "agent")
+    style = series_style("agent", list(dict.fromkeys(data["agent"])), "agent")
     layers = _lines("value", style, "capability", data.columns, scale=alt.Scale(domain=[0, 1]))
-    return _finish(_facet(layers, data, "run_label", None), title)
+    return finish(_facet(layers, data, "run_label", None), title)
 
 
 def omega_chart(
@@ -277,9 +176,9 @@ def omega_chart(
     data = long[["step", "value"]].assign(
         pair=long["learner"] + " / " + long["source"], run_label=_runs_field(long)
     )
-    style = _style("pair", list(dict.fromkeys(data["pair"])), "ω")
+    style = series_style("pair", list(dict.fromkeys(data["pair"])), "ω")
     layers = _lines("value", style, "ω", data.columns, scale=alt.Scale(type="log"))
-    return _finish(_facet([*layers, _rule("y")], data, "run_label", None), title)
+    return finish(_facet([*layers, _rule("y")], data, "run_label", None), title)
 
 
 def _is_stats(df: pd.DataFrame, stats: Sequence[str]) -> pd.DataFrame:
@@ -305,14 +204,14 @@ def ratio_chart(
         if stat not in data.columns:
             data[stat] = float("nan")
     domain = _kind_domain(data["kind"])
-    style = _style("kind", domain, "samples")
+    style = series_style("kind", domain, "samples")
     band = (
         alt.Chart()
         .mark_area(opacity=0.18)
         .encode(x="step:Q", y=alt.Y("ratio_min:Q", title="s"), y2="ratio_max:Q", color=style["color"])
     )
     lines = _lines("ratio_mean", style, "s", data.columns, scale=alt.Scale(zero=False))
-    return _finish(_facet([band, *lines, _rule("y")], data, "learner", "run_label"), title)
+    return finish(_facet([band, *lines, _rule("y")], data, "learner", "run_label"), title)
 
 
 def clip_fraction_chart(
@@ -325,9 +224,9 @@ def clip_fraction_chart(
     data = data.assign(panel=data["learner"])
     if data["run_label"].nunique() > 1:
         data = data.assign(panel=data["run_label"] + ", " + data["learner"])
-    style = _style("kind", _kind_domain(data["kind"]), "samples")
+    style = series_style("kind", _kind_domain(data["kind"]), "samples")
     layers = _lines("value", style, "fraction", data.columns, scale=alt.Scale(domain=[0, 1]))
-    return _finish(_facet(layers, data, "panel", "stat"), title)
+    return finish(_facet(layers, data, "panel", "stat"), title)
 
 
 def cross_weight_chart(
@@ -347,7 +246,7 @@ def cross_weight_chart(
         lambda b: f" (lb {b:.3f})" if b > float("-inf") else " (no clip)"
     )
     data = table[["pair", "s", "weight"]].assign(minibatch=labels)
-    style = _style("minibatch", list(dict.fromkeys(labels)), "mini-batch")
+    style = series_style("minibatch", list(dict.fromkeys(labels)), "mini-batch")
     lines = (
         alt.Chart()
         .mark_line()
@@ -359,7 +258,7 @@ def cross_weight_chart(
             tooltip=list(data.columns),
         )
     )
-    return _finish(_facet([lines, _rule("x")], data, "pair", None), title)
+    return finish(_facet([lines, _rule("x")], data, "pair", None), title)
 
 
 def cost_chart(
@@ -382,7 +281,7 @@ def cost_chart(
         raise ValueError(f"no cost/<agent>/generated_{unit} or trained_{unit} values to plot")
     data = long.groupby(["agent", "algorithm", "stat", "step"], as_index=False, sort=False)["value"].mean()
     data["kind"] = data["stat"].str.split("_").str[0]
-    method, _ = _method_style(data["algorithm"].tolist())
+    method, _ = method_style(data["algorithm"].tolist())
     data["method"] = data["algorithm"].map(method_label)
     dash = alt.StrokeDash(
         "kind:N",
@@ -396,58 +295,4 @@ def cost_chart(
     )
     lines = base.mark_line().encode(color=method["color"], strokeDash=dash, detail="method:N")
     marks = base.mark_point().encode(color=method["color"], shape=method["shape"])
-    return _finish(_facet([lines, marks], data, "agent", None), title)
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Export.
-def _render(chart: alt.TopLevelMixin, fmt: str, scale: float) -> bytes:
-    if fmt == "png":
-        buffer = io.BytesIO()
-        chart.save(buffer, format="png", scale_factor=scale)
-        return buffer.getvalue()
-    text = io.StringIO()
-    if fmt == "html":
-        chart.save(text, format="html", inline=True)
-    else:
-        chart.save(text, format=fmt)
-    return text.getvalue().encode("utf-8")
-
-
-def chart_to_svg(chart: alt.TopLevelMixin) -> str:
-    """The chart as an SVG document (rendered offline by vl-convert), e.g. for an ipywidgets HTML."""
-    return _render(chart, "svg", 1.0).decode("utf-8")
-
-
-def save_chart(
-    chart: alt.TopLevelMixin,
-    path_stem: str | Path,
-    formats: Sequence[str] = ("png", "svg", "html"),
-    *,
-    scale: float = 2.0,
-) -> list[Path]:
-    """Write ``chart`` to ``<path_stem>.<format>`` for each format, atomically.
-
-    Args:
-        chart: Any altair chart.
-        path_stem: Target path without suffix (``figures/fig3``); its directory is created.
-        formats: Any of ``"png"`` (``scale``× resolution), ``"svg"``, ``"html"`` (self-contained, works
-            offline), ``"pdf"``, ``"json"`` (the Vega-Lite spec).
-        scale: PNG scale factor.
-
-    Returns:
-        The paths written, in the order of ``formats``.
-    """
-    allowed = ("png", "svg", "html", "pdf", "json")
-    unknown = [f for f in formats if f not in allowed]
-    if unknown or not formats:
-        raise ValueError(f"formats {list(formats)} invalid: each must be one of {allowed}")
-    stem = Path(path_stem)
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    written = []
-    for fmt in formats:
-        path = stem.with_name(f"{stem.name}.{fmt}")
-        atomic_write_bytes(path, _render(chart, fmt, scale))
-        written.append(path)
-    logger.info("saved %s", ", ".join(str(p) for p in written))
-    return written
+    return finish(_facet([lines, marks], data, "agent", None), title)
