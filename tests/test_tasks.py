@@ -6,13 +6,22 @@ import ast
 import json
 import operator
 import re
+from collections import Counter
 from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
 from workbench.tasks import loaders
-from workbench.tasks.arithmetic import embedded_solution, embedded_task, solve_steps
+from workbench.tasks.arithmetic import (
+    DEFAULT_REGIME,
+    REGIMES,
+    embedded_solution,
+    embedded_task,
+    resolve_regime,
+    solve_steps,
+)
 from workbench.tasks.prompts import PAPER_INSTRUCTION, build_prompt, split_of
 from workbench.tasks.sources import load_tasks
 
@@ -36,34 +45,106 @@ def _eval_arith(expression: str) -> int:
 # ---------------------------------------------------------------------------------------------- embedded
 
 
-@pytest.mark.parametrize("knobs", [{}, {"n_ops": (3, 3)}, {"n_ops": (1, 2), "max_operand": 99}])
+@pytest.mark.parametrize(
+    "knobs",
+    [{}, {"regime": "mixed"}, {"n_ops": (3, 3)}, {"regime": "mixed", "n_ops": (1, 2), "max_operand": 99}],
+)
 def test_embedded_answers_match_their_expressions(knobs):
     items = embedded_task("train", 300, seed=3, **knobs) + embedded_task("test", 100, seed=3, **knobs)
-    lo, hi = knobs.get("n_ops", (1, 3))
+    regime = resolve_regime(**knobs)
+    lo, hi = regime.n_ops
     for item in items:
         assert re.fullmatch(r"\d+([-+*]\d+)*", item.question)
+        assert set(re.findall(r"[-+*]", item.question)) <= set(regime.ops)
         assert lo <= len(re.findall(r"[-+*]", item.question)) <= hi
         assert int(item.answer) == _eval_arith(item.question)
         assert item.solution.endswith(f"\\boxed{{{item.answer}}}")
         for step in re.findall(r"(-?\d+)([-+*])(\d+)=(-?\d+)", item.solution):
             a, op, b, c = step
             assert _OPS[{"+": ast.Add, "-": ast.Sub, "*": ast.Mult}[op]](int(a), int(b)) == int(c)
+            assert regime.allow_negative or int(c) >= 0
+
+
+def test_regimes_keep_the_old_mixed_regime_by_name():
+    assert DEFAULT_REGIME == "addsub" and set(REGIMES) >= {"addsub", "mixed"}
+    mixed, custom = resolve_regime("mixed"), resolve_regime(ops="+-*", allow_negative=True)
+    assert (mixed.ops, mixed.n_ops, mixed.max_operand, mixed.allow_negative) == (
+        custom.ops, custom.n_ops, custom.max_operand, custom.allow_negative,
+    )  # fmt: skip
+    assert any("*" in i.question for i in embedded_task("train", 100, regime="mixed"))
+    assert max(int(i.answer) for i in embedded_task("train", 2000)) <= 36
+    with pytest.raises(ValueError, match=r"regime = 'nope' is not allowed: one of \['addsub', 'mixed'\]"):
+        embedded_task("train", 1, regime="nope")
+    with pytest.raises(ValueError, match=r"ops = '\+/' is not allowed"):
+        embedded_task("train", 1, ops="+/")
+
+
+def _chi2_p(counts_a: Counter, counts_b: Counter) -> float:
+    """p-value of a 2 x k chi-square test of homogeneity (torch's regularized gamma, no scipy)."""
+    keys = sorted(set(counts_a) | set(counts_b), key=str)
+    table = [[counts_a[k] for k in keys], [counts_b[k] for k in keys]]
+    rows, cols = [sum(r) for r in table], [sum(c) for c in zip(*table)]
+    total = sum(rows)
+    chi2 = sum(
+        (table[i][j] - rows[i] * cols[j] / total) ** 2 / (rows[i] * cols[j] / total)
+        for i in range(2)
+        for j in range(len(keys))
+    )
+    dof = torch.tensor((len(keys) - 1) / 2, dtype=torch.float64)
+    return float(torch.special.gammaincc(dof, torch.tensor(chi2 / 2, dtype=torch.float64)))
+
+
+def _n_ops(item) -> int:
+    return len(re.findall(r"[-+*]", item.question))
+
+
+def _answer_size(item) -> str:
+    return ("-" if item.answer.startswith("-") else "") + str(len(item.answer.lstrip("-")))
+
+
+@pytest.mark.parametrize("regime", sorted(REGIMES))
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_train_and_test_come_from_the_same_distribution(regime, seed):
+    """Operation-count and answer-size histograms of 4000 train vs 1000 held-out items agree (chi-square)."""
+    train = embedded_task("train", 4000, seed=seed, regime=regime)
+    test = embedded_task("test", 1000, seed=seed, regime=regime)
+    for feature in (_n_ops, _answer_size):
+        p = _chi2_p(Counter(map(feature, train)), Counter(map(feature, test)))
+        assert p > 0.01, (feature.__name__, p)
+
+
+def test_answers_are_drawn_from_the_population_not_the_partition():
+    """Large draws: per operation count, each split's answer distribution matches the whole space's."""
+    train, test = embedded_task("train", 30_000, seed=9), embedded_task("test", 30_000, seed=9)
+    for k in (1, 2, 3):
+        tr = [i for i in train if _n_ops(i) == k]
+        te = [i for i in test if _n_ops(i) == k]
+        two_digit_tr = sum(len(i.answer) == 2 for i in tr) / len(tr)
+        two_digit_te = sum(len(i.answer) == 2 for i in te) / len(te)
+        assert abs(two_digit_tr - two_digit_te) < 0.02, (k, two_digit_tr, two_digit_te)
 
 
 def test_embedded_solution_is_short_and_stepwise():
     assert embedded_solution("3+4*2") == ("4*2=8, 3+8=11. \\boxed{11}", 11)
     assert solve_steps("8-2-3") == (["8-2=6", "6-3=3"], 3)  # left to right, not 8-(2-3)
     lengths = [len(i.solution) for i in embedded_task("train", 500)]
-    assert max(lengths) <= 45 and sum(lengths) / len(lengths) < 40
+    assert max(lengths) <= 36 and sum(lengths) / len(lengths) < 34
+    mixed = [len(i.solution) for i in embedded_task("train", 500, regime="mixed")]
+    assert max(mixed) <= 45 and sum(mixed) / len(mixed) < 40
 
 
-def test_embedded_is_deterministic_distinct_and_prefix_stable():
+def test_embedded_is_deterministic_iid_and_prefix_stable():
     a = embedded_task("train", 200, seed=7)
     assert a == embedded_task("train", 200, seed=7)
     assert embedded_task("train", 50, seed=7) == a[:50]
-    assert len({i.question for i in a}) == 200
     assert [i.id for i in a[:2]] == ["embedded-train-0", "embedded-train-1"]
     assert a != embedded_task("train", 200, seed=8)
+    test = embedded_task("test", 1000)
+    assert 400 < len({i.question for i in test}) < 1000  # i.i.d.: the small 1-operation stratum repeats
+    big = embedded_task(
+        "train", 300, max_operand=99, n_ops=(3, 3)
+    )  # too large to enumerate: sampled directly
+    assert len({i.question for i in big}) == 300
 
 
 def test_embedded_train_and_test_never_share_an_item():
@@ -80,8 +161,8 @@ def test_embedded_bad_knobs_name_the_knob():
         embedded_task("train", 5, n_ops=(3, 1))
     with pytest.raises(ValueError, match="max_operand"):
         embedded_task("train", 5, max_operand=0)
-    with pytest.raises(ValueError, match="distinct test problems"):
-        embedded_task("test", 100, n_ops=(1, 1), max_operand=2)  # only 12 expressions exist
+    with pytest.raises(ValueError, match="too few to give both splits"):
+        embedded_task("test", 100, n_ops=(1, 1), max_operand=1, ops="+")  # "1+1" is the only expression
 
 
 def test_build_prompt():

@@ -5,7 +5,7 @@ optional ``solution``, ``source``), obtained through `load_tasks`:
 
 | source name | what it is |
 |---|---|
-| ``"embedded"`` | seeded multi-step integer arithmetic (`embedded_task`), the default; needs nothing |
+| ``"embedded"`` | seeded multi-step integer arithmetic in named regimes (`embedded_task`), the default |
 | ``"gym:<generator>"`` | a reasoning-gym generator: ``gym:gsm_symbolic``, ``gym:basic_arithmetic``, ... |
 | ``"file:<path>"`` | a local JSONL / JSON / parquet file, layout auto-detected (`workbench.tasks.loaders`) |
 | ``"math"``, ``"math500"``, ``"gsm8k"``, ``"aime2025"``, | the paper's training set and benchmarks (§6): |
@@ -23,6 +23,9 @@ from workbench.core.types import TaskItem
 from workbench.tasks.arithmetic import embedded_task
 from workbench.tasks.gym import gym_task
 from workbench.tasks.loaders import BENCHMARKS, load_benchmark, read_items, subset
+
+EMBEDDED_KNOBS = frozenset({"regime", "ops", "n_ops", "min_operand", "max_operand", "allow_negative"})
+"""Knobs of ``source: embedded`` (`workbench.tasks.arithmetic.embedded_task`)."""
 
 
 def _check_knobs(source: str, knobs: dict[str, Any], allowed: set[str]) -> None:
@@ -45,7 +48,7 @@ def load_tasks(
         n: Number of items; ``None`` gives 1000 for generators and the whole file for data sets. For data
             sets a smaller ``n`` takes a seeded random subset, kept in file order.
         seed: Generator seed, or the subset seed for data sets.
-        **knobs: Passed on: `embedded_task` knobs (``n_ops``, ``max_operand``), reasoning-gym options, or
+        **knobs: Passed on: `embedded_task` knobs (``regime`` and its fields), reasoning-gym options, or
             ``path=`` (a local file for a benchmark) for data sets.
 
     Returns:
@@ -56,6 +59,7 @@ def load_tasks(
         FileNotFoundError: A benchmark with no local file and no reachable hub (naming where it looked).
     """
     if source == "embedded":
+        _check_knobs(source, knobs, EMBEDDED_KNOBS)
         return embedded_task(split, 1000 if n is None else n, seed=seed, **knobs)
     if source.startswith("gym:"):
         return gym_task(source[len("gym:") :], split, 1000 if n is None else n, seed=seed, **knobs)
