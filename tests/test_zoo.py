@@ -63,7 +63,7 @@ def test_builds_are_cached_and_carry_a_card(char_agent_dir):
     card = read_card(char_agent_dir)
     assert card["preset"] == "gpt2-char" and card["warm_steps"] == 40  # the test session's short warm start
     assert card["parameters"] == sum(p.numel() for p in load_agent(str(char_agent_dir)).model.parameters())
-    assert 0.0 <= card["initial_greedy_accuracy"] <= 1.0 and card["eval_problems"] == 200
+    assert 0.0 <= card["initial_greedy_accuracy"] <= 1.0 and card["eval_problems"] == 1000
     assert card["build_seconds"] > 0
     mtime = (char_agent_dir / "card.json").stat().st_mtime_ns
     assert build_tiny("gpt2-char", warm_steps=40) == char_agent_dir

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from workbench.tasks.arithmetic import embedded_task
+from workbench.tasks.prompts import build_prompt
+
 SPECIAL_TOKENS = ["<pad>", "<eos>", "<unk>"]
 CHAR_ALPHABET = [chr(i) for i in range(32, 127)] + ["\n"]
 BPE_CORPUS_PROBLEMS = 5000
@@ -32,9 +35,6 @@ def char_tokenizer() -> Any:
 def bpe_tokenizer(vocab_size: int, prompt_template: str) -> Any:
     """A byte-level BPE of ``vocab_size`` tokens trained on embedded-task prompts and solutions."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    from workbench.tasks.arithmetic import embedded_task
-    from workbench.tasks.prompts import build_prompt
 
     items = embedded_task("train", BPE_CORPUS_PROBLEMS, seed=0)
     # Prompts and responses are encoded separately everywhere (generation, sharing, warm start): train so.

@@ -3,9 +3,9 @@
 ``load_agent("tiny:<preset>")`` builds a preset on first use (deterministically from its seed) and caches it
 under ``$HACPO_CACHE/tiny/``. A build: tokenizer (character-level, or a byte-level BPE trained with
 ``tokenizers`` on the task text) → model from a transformers config → a short supervised warm start on worked
-solutions of `workbench.tasks.arithmetic.embedded_task` → greedy accuracy on 200 held-out problems, written
-with the
-build time into ``card.json`` next to the weights (`read_card`, `zoo_table`).
+solutions of `workbench.tasks.arithmetic.embedded_task` (its default regime) → greedy accuracy on 1,000
+held-out problems, written with the build time into ``card.json`` next to the weights (`read_card`,
+`zoo_table`).
 
 Presets cover the paper's three kinds of heterogeneity (spec §1), see `ZOO_PAIRS`:
 
@@ -26,11 +26,11 @@ import dataclasses
 import hashlib
 import json
 import logging
-import math
 import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,16 +38,21 @@ from typing import Any
 import torch
 
 from workbench.agents.hf import build_agent
+from workbench.agents.rollout import generate
 from workbench.agents.tiny_tokenizers import build_tokenizer
+from workbench.agents.tokens import pack
 from workbench.config.agent_spec import DEFAULT_PROMPT_TEMPLATE, AgentSpec
 from workbench.core.env import cache_root
 from workbench.core.io import atomic_write_json
+from workbench.tasks.arithmetic import embedded_task
+from workbench.tasks.prompts import build_prompt
+from workbench.tasks.rewards import grade_batch
 
 logger = logging.getLogger(__name__)
 
-ZOO_VERSION = 2
+ZOO_VERSION = 3
 """Bumped when the build recipe changes: cached builds of another version are rebuilt."""
-EVAL_PROBLEMS = 200
+EVAL_PROBLEMS = 1000
 """Held-out embedded problems of the initial-accuracy figure in ``card.json``."""
 CARD = "card.json"
 
@@ -79,20 +84,20 @@ class TinyPreset:
 
 TINY_PRESETS: dict[str, TinyPreset] = {
     "gpt2-char": TinyPreset(
-        "gpt2", "char", layers=2, hidden=128, heads=4, warm_steps=900, seed=0,
+        "gpt2", "char", layers=2, hidden=128, heads=4, warm_steps=575, seed=0, lr=1.5e-3,
         description="GPT-2, 2 layers, d=128, character-level (0.44M)",
     ),
     "gpt2-char-early": TinyPreset(
-        "gpt2", "char", layers=2, hidden=128, heads=4, warm_steps=450, seed=0,
-        description="gpt2-char with half its warm start (state heterogeneity)",
+        "gpt2", "char", layers=2, hidden=128, heads=4, warm_steps=475, seed=0, lr=1.5e-3,
+        description="gpt2-char stopped 100 warm-start steps earlier (state heterogeneity)",
     ),
     "llama-bpe": TinyPreset(
-        "llama", "bpe", layers=2, hidden=128, heads=4, intermediate=384, warm_steps=500, seed=1,
-        description="Llama, 2 layers, d=128, byte-level BPE-400 (0.48M)",
+        "llama", "bpe", layers=2, hidden=128, heads=4, intermediate=384, warm_steps=220, seed=1, lr=1.5e-3,
+        description="Llama, 2 layers, d=128, byte-level BPE-400 (0.47M)",
     ),
     "llama-bpe-large": TinyPreset(
-        "llama", "bpe", layers=4, hidden=192, heads=4, intermediate=512, warm_steps=400, seed=1, lr=2e-3,
-        description="Llama, 4 layers, d=192, byte-level BPE-400 (1.85M)",
+        "llama", "bpe", layers=4, hidden=192, heads=4, intermediate=512, warm_steps=220, seed=1, lr=1e-3,
+        description="Llama, 4 layers, d=192, byte-level BPE-400 (1.83M)",
     ),
 }  # fmt: skip
 
@@ -142,7 +147,7 @@ def _model_config(preset: TinyPreset, tokenizer: Any) -> Any:
     if preset.architecture == "gpt2":
         return GPT2Config(
             n_positions=256, n_embd=preset.hidden, n_layer=preset.layers, n_head=preset.heads,
-            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **ids,
+            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, activation_function="gelu_pytorch_tanh", **ids,
         )  # fmt: skip
     family = {"llama": LlamaConfig, "qwen2": Qwen2Config}
     if preset.architecture not in family:
@@ -171,28 +176,41 @@ def _init_model_dir(preset: TinyPreset, out_dir: Path) -> None:
     tokenizer.save_pretrained(out_dir)
 
 
-def _lr_at(step: int, steps: int, lr: float) -> float:
-    """Linear warm-up over 5% of the steps, then cosine decay to 10% of ``lr``."""
-    warm = max(1, steps // 20)
-    if step < warm:
-        return lr * (step + 1) / warm
-    progress = (step - warm) / max(1, steps - warm)
-    return lr * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
+WARMUP_STEPS = 20
+"""Linear learning-rate warm-up of every warm start, in steps (then constant)."""
 
 
-def warm_start(agent: Any, steps: int, *, lr: float, batch_size: int, seed: int) -> float:
+def _lr_at(step: int, lr: float) -> float:
+    """Linear warm-up over `WARMUP_STEPS` steps, then constant: the warm start stops mid-curve, not annealed.
+
+    The schedule does not depend on the total step count, so a shorter build is an exact prefix of a longer
+    one with the same seed (``gpt2-char-early`` is a snapshot of ``gpt2-char``'s own trajectory).
+    """
+    return lr * min(1.0, (step + 1) / WARMUP_STEPS)
+
+
+def warm_start(
+    agent: Any,
+    steps: int,
+    *,
+    lr: float,
+    batch_size: int,
+    seed: int,
+    callback: Callable[[int, Any], None] | None = None,
+    callback_every: int = 0,
+) -> float:
     """Supervised warm start on worked solutions (loss on response tokens only); returns the final loss.
 
     Uses the agent's own prompt format and tokenization (`Agent.encode_prompt`, response ids + EOS), so the
-    warm-started model sees prompts exactly as `workbench.agents.rollout.generate` will show them.
+    warm-started model sees prompts exactly as `workbench.agents.rollout.generate` will show them. Each step
+    takes ``batch_size`` fresh i.i.d. problems of the default regime (``embedded_task`` is prefix-stable), so
+    the data of a shorter build is a prefix of a longer one's. ``callback(step, agent)`` is called every
+    ``callback_every`` steps (calibration curves).
     """
-    from workbench.agents.tokens import pack
-    from workbench.tasks.arithmetic import embedded_task
-    from workbench.tasks.prompts import build_prompt
 
     if steps == 0:
         return float("nan")
-    items = embedded_task("train", min(steps * batch_size, 20_000), seed=seed)
+    items = embedded_task("train", steps * batch_size, seed=seed)
     pairs = [
         (
             agent.encode_prompt(build_prompt(item.question, instruction=None)),
@@ -200,14 +218,10 @@ def warm_start(agent: Any, steps: int, *, lr: float, batch_size: int, seed: int)
         )
         for item in items
     ]
-    generator = torch.Generator().manual_seed(seed)
-    order = torch.randperm(len(pairs), generator=generator).tolist()
     optimizer = torch.optim.AdamW(agent.model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
     loss = torch.tensor(float("nan"))
     for step in range(steps):
-        # Plain shuffled batches: length-bucketed ones padded less but were ~7% faster and learned worse.
-        start = (step * batch_size) % len(order)
-        batch = pack([pairs[i] for i in (order + order)[start : start + batch_size]], agent.pad_token_id)
+        batch = pack(pairs[step * batch_size : (step + 1) * batch_size], agent.pad_token_id)
         # An all-ones mask is exact here (right padding + causal attention: no real token sees a pad, and pads
         # carry no loss) and lets the fused causal attention path run (~10% faster on CPU).
         ones_B_T = torch.ones_like(batch.input_ids_B_T)
@@ -217,20 +231,18 @@ def warm_start(agent: Any, steps: int, *, lr: float, batch_size: int, seed: int)
             logits_B_T_V[:, :-1][mask_B_T], batch.input_ids_B_T[:, 1:][mask_B_T]
         )
         for group in optimizer.param_groups:
-            group["lr"] = _lr_at(step, steps, lr)
+            group["lr"] = _lr_at(step, lr)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(agent.model.parameters(), 1.0)
         optimizer.step()
+        if callback is not None and callback_every and (step + 1) % callback_every == 0:
+            callback(step + 1, agent)
     return float(loss.detach())
 
 
 def greedy_accuracy(agent: Any, n: int = EVAL_PROBLEMS, *, seed: int = 0) -> float:
     """Greedy accuracy on ``n`` held-out embedded problems (bare questions, math-verify grading)."""
-    from workbench.agents.rollout import generate
-    from workbench.tasks.arithmetic import embedded_task
-    from workbench.tasks.prompts import build_prompt
-    from workbench.tasks.rewards import grade_batch
 
     items = embedded_task("test", n, seed=seed)
     prompts = [build_prompt(item.question, instruction=None) for item in items]

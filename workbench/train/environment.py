@@ -1,7 +1,14 @@
-"""What a run ran on: Python, platform, package versions, device and git commit (``environment.json``)."""
+"""What a run ran on (``environment.json``) and which code made it (`code_version`, part of a run's identity).
+
+`code_version` hashes the workbench's own source files and the tiny zoo's recipe version: two runs with the
+same config but different code (or zoo) get different versions, so a finished run is never silently reused
+after the code changed, and aggregation across seeds can refuse to average runs of different code.
+"""
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import importlib.metadata
 import platform
 import subprocess
@@ -9,6 +16,8 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from workbench.agents.zoo import ZOO_VERSION
 
 _ENV_PACKAGES = (
     "torch", "transformers", "peft", "bitsandbytes", "tokenizers", "safetensors", "numpy", "pandas",
@@ -40,6 +49,20 @@ def _device_info() -> dict[str, Any]:
     return info
 
 
+@functools.lru_cache(maxsize=1)
+def code_version() -> str:
+    """A 12-hex-digit hash of every ``workbench/**/*.py`` file (path and bytes) and the zoo's recipe version.
+
+    Stable across machines and checkouts of the same source; independent of git (works in a wheel install
+    and with uncommitted edits, which it counts). Computed once per process.
+    """
+    package = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256(f"zoo={ZOO_VERSION}\n".encode())
+    for path in sorted(package.rglob("*.py")):
+        digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
+
+
 def collect_environment() -> dict[str, Any]:
     """Python, platform, package versions, device, git commit (None outside a git checkout), start time."""
     versions: dict[str, str | None] = {}
@@ -58,6 +81,7 @@ def collect_environment() -> dict[str, Any]:
         "argv": list(sys.argv),
         "packages": versions,
         **_device_info(),
+        "code_version": code_version(),
         "git_commit": _git("rev-parse", "HEAD"),
         "git_dirty": None if status is None else bool(status),
     }
