@@ -2,13 +2,14 @@
 
 import dataclasses
 import pickle
+import re
 from pathlib import Path
 
 import pytest
 import yaml
 
 from workbench.config import AgentSpec, FrozenMap, LoraSpec
-from workbench.config.experiment import ConfigError, from_dict
+from workbench.config.experiment import ConfigError, expand_seeds, from_dict
 from workbench.config.loading import load_experiment, parse_overrides
 from workbench.config.methods import ALGORITHMS, METHODS
 
@@ -63,6 +64,26 @@ def test_defaults_follow_the_paper():
         ({"hacpo": {"alpha": -1}}, r"hacpo.alpha = -1.0 is not allowed: >= 0"),
         ({"agents": [{"name": "a", "model": "x"}, {"name": "a", "model": "y"}]}, r"names must be unique"),
         ({"agents": [{"lora": None}]}, r"agents\[0\]: expected a model name or a mapping with a 'model' key"),
+        ({"seeds": []}, r"seeds = \[\] is not allowed: a non-empty list of unique ints >= 0, or null"),
+        ({"seeds": [0, 1, 1]}, r"seeds = \[0, 1, 1\] is not allowed: a non-empty list of unique ints"),
+        ({"seeds": [0, -1]}, r"seeds = \[0, -1\] is not allowed"),
+        ({"seeds": [0, "1"]}, r"seeds\[1\]: expected int, got str '1'"),
+        ({"seeds": [True]}, r"seeds\[0\]: expected int, got bool True"),
+        ({"seeds": 3}, r"seeds: expected a list or null, got int 3"),
+        ({"seed": -2}, r"seed = -2 is not allowed: >= 0"),
+        ({"task": {"eval_seed": -1}}, r"task.eval_seed = -1 is not allowed: >= 0 or null"),
+        (
+            {"train": {"eval_samples": -1}},
+            r"train.eval_samples = -1 is not allowed: >= 0 \(0 = greedy only\)",
+        ),
+        ({"train": {"eval_temperature": 0}}, r"train.eval_temperature = 0.0 is not allowed: > 0"),
+        ({"train": {"adam_beta1": 1}}, r"train.adam_beta1 = 1.0 is not allowed: in \[0, 1\)"),
+        ({"train": {"adam_beta2": -0.1}}, r"train.adam_beta2 = -0.1 is not allowed: in \[0, 1\)"),
+        ({"train": {"skip_uniform_groups": 1}}, r"train.skip_uniform_groups: expected bool, got int 1"),
+        (
+            {"hacpo": {"ratio_normalization": "chars"}},
+            r"hacpo.ratio_normalization = 'chars' is not allowed: one of \('tokens', 'bytes'\)",
+        ),
     ],
 )
 def test_bad_values_name_key_value_and_allowed(data, match):
@@ -159,7 +180,7 @@ def test_post_init_coerces_losslessly():
 def test_a_known_label_must_match_its_switches(name):
     method = METHODS[name]
     with pytest.raises(
-        ConfigError, match=rf"label = '{name}' is not allowed with hacpo\.\w+ = .*{method.label}"
+        ConfigError, match=rf"label = '{name}' is not allowed with hacpo\.\w+ = .*{re.escape(method.label)}"
     ):
         _cfg(label=name)
     cfg = _cfg(label=name, hacpo=dict(method.switches))
@@ -212,3 +233,34 @@ def test_knobs_are_immutable_hashable_and_picklable():
     assert hash(cfg) == hash(pickle.loads(pickle.dumps(cfg)))
     assert pickle.loads(pickle.dumps(cfg)) == cfg
     assert cfg.task.eval_knobs is None and _cfg().task.knobs == {}
+
+
+def test_issue9_fields_defaults():
+    cfg = _cfg()
+    assert (cfg.task.eval_size, cfg.task.eval_seed) == (1000, 0)
+    t = cfg.train
+    assert (t.eval_samples, t.eval_temperature, t.adam_beta1, t.adam_beta2) == (4, 1.0, 0.9, 0.999)
+    assert t.skip_uniform_groups is False and cfg.hacpo.ratio_normalization == "tokens"
+    assert cfg.seeds is None and _cfg(task={"eval_seed": None}).task.eval_seed is None
+
+
+def test_seeds_expand_to_one_config_each():
+    cfg = _cfg(seeds=[2, 0, 5], seed=7)
+    assert cfg.seeds == (2, 0, 5) and hash(cfg) == hash(from_dict(cfg.to_dict()))
+    assert (
+        cfg.to_dict()["seeds"] == [2, 0, 5]
+        and from_dict(yaml.safe_load(yaml.safe_dump(cfg.to_dict()))) == cfg
+    )
+    each = expand_seeds(cfg)
+    assert [c.seed for c in each] == [2, 0, 5] and all(c.seeds is None for c in each)
+    assert len({yaml.safe_dump(c.to_dict()) for c in each}) == 3  # each seed its own config (hash, run dir)
+    assert dataclasses.replace(each[0], seeds=None) == each[0]
+    plain = _cfg(seed=3)
+    assert expand_seeds(plain) == [plain]
+
+
+def test_seeds_from_yaml_and_override(tmp_path):
+    (tmp_path / "e.yaml").write_text(yaml.safe_dump({"experiment": "e", "agents": AGENTS, "seeds": [0, 1]}))
+    assert load_experiment(tmp_path / "e.yaml").seeds == (0, 1)
+    assert load_experiment(tmp_path / "e.yaml", ["seeds=[3, 4, 5]"]).seeds == (3, 4, 5)
+    assert load_experiment(tmp_path / "e.yaml", ["seeds=null"]).seeds is None

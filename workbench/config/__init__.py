@@ -12,6 +12,7 @@ from workbench.config.experiment import (
     OutputConfig,
     TaskConfig,
     TrainConfig,
+    expand_seeds,
 )
 from workbench.config.frozen import FrozenMap
 from workbench.config.loading import load_experiment, parse_overrides
@@ -31,6 +32,7 @@ __all__ = [
     "OutputConfig",
     "TaskConfig",
     "TrainConfig",
+    "expand_seeds",
     "load_experiment",
     "parse_overrides",
 ]

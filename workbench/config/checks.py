@@ -43,8 +43,9 @@ def require_name(key: str, value: str, why: str) -> None:
 def coerce(where: str, value: Any, annotation: Any) -> Any:
     """``value`` as the annotated type where lossless (int → float, ``"1e-4"`` → float), else ConfigError.
 
-    Understands ``bool``, ``int``, ``float``, ``str``, ``X | None`` and ``FrozenMap`` (any mapping of YAML
-    data is frozen); other annotations pass the value through.
+    Understands ``bool``, ``int``, ``float``, ``str``, ``X | None``, ``tuple[X, ...]`` of those scalars
+    (a list or tuple, each element coerced) and ``FrozenMap`` (any mapping of YAML data is frozen); other
+    annotations pass the value through.
     """
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
     if origin in (typing.Union, types.UnionType):
@@ -57,11 +58,15 @@ def coerce(where: str, value: Any, annotation: Any) -> Any:
                 return coerce(where, value, arg)
             except ConfigError as exc:
                 errors.append(exc)
-        if len(options) == 1 and isinstance(value, Mapping):
-            raise errors[0]  # a mapping with a bad value inside: that message names it
-        names = [_TYPE_NAMES.get(a, getattr(a, "__name__", str(a))) for a in options]
+        if len(options) == 1 and isinstance(value, Mapping | list | tuple):
+            raise errors[0]  # a mapping or list with a bad value inside: that message names it
+        names = [_type_name(a) for a in options]
         names += ["null"] if type(None) in args else []
         raise ConfigError(f"{where}: expected {' or '.join(names)}, got {type(value).__name__} {value!r}")
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis and args[0] in (int, float, str, bool):
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{where}: expected a list, got {type(value).__name__} {value!r}")
+        return tuple(coerce(f"{where}[{i}]", v, args[0]) for i, v in enumerate(value))
     if annotation is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if annotation is float and isinstance(value, str) and _FLOAT_RE.fullmatch(value.strip()):
@@ -80,6 +85,12 @@ def coerce(where: str, value: Any, annotation: Any) -> Any:
         except TypeError as exc:
             raise ConfigError(f"{where}: {exc}") from None
     return value
+
+
+def _type_name(annotation: Any) -> str:
+    if typing.get_origin(annotation) is tuple:
+        return "a list"
+    return _TYPE_NAMES.get(annotation, getattr(annotation, "__name__", str(annotation)))
 
 
 @functools.cache

@@ -31,11 +31,14 @@ __all__ = [
     "OutputConfig",
     "TaskConfig",
     "TrainConfig",
+    "expand_seeds",
     "from_dict",
 ]
 
 NO_KNOBS = FrozenMap()
 """The default task knobs: none."""
+RATIO_NORMALIZATIONS = ("tokens", "bytes")
+"""Valid ``hacpo.ratio_normalization`` values."""
 
 
 @dataclass(frozen=True)
@@ -48,8 +51,11 @@ class TaskConfig:
     """Held-out source; None = the same source's ``test`` split."""
     train_size: int = 2000
     """Training problems drawn (the step batches cycle through them)."""
-    eval_size: int = 200
-    """Held-out problems evaluated (greedy) every ``eval_every`` steps."""
+    eval_size: int = 1000
+    """Held-out problems evaluated every ``eval_every`` steps (greedy, and ``train.eval_samples`` sampled)."""
+    eval_seed: int | None = 0
+    """Seed of the held-out draw; fixed by default so every seed of an experiment is evaluated on the same
+    items; None = the run's ``seed``."""
     instruction: str | None = None
     """Instruction appended to each question; None = the bare question (tiny char-level agents)."""
     reward: str = "math_verify"
@@ -69,6 +75,9 @@ class TaskConfig:
             )
         require(self.train_size >= 1, "task.train_size", self.train_size, ">= 1")
         require(self.eval_size >= 0, "task.eval_size", self.eval_size, ">= 0")
+        require(
+            self.eval_seed is None or self.eval_seed >= 0, "task.eval_seed", self.eval_seed, ">= 0 or null"
+        )
         require(self.reward in REWARD_METHODS, "task.reward", self.reward, f"one of {list(REWARD_METHODS)}")
 
 
@@ -88,12 +97,19 @@ class TrainConfig:
     """Sequences per forward/backward (gradient accumulation; memory knob only)."""
     lr: float = 1e-4
     """AdamW learning rate (paper: 1e-6 for full fine-tuning of 2-8B models)."""
+    adam_beta1: float = 0.9
+    """AdamW β1."""
+    adam_beta2: float = 0.999
+    """AdamW β2."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
     grad_clip: float = 1.0
     """Gradient-norm clip (paper code: 1.0)."""
     kl_coef: float = 0.001
     """low_var_kl coefficient on self samples (authors' code: 0.001); 0 disables."""
+    skip_uniform_groups: bool = False
+    """Leave out of the update the samples of every prompt whose rewards in the learner's group are all equal
+    (their advantage is 0: only the mini-batch composition and normalisation change)."""
     temperature: float = 1.0
     """Rollout sampling temperature (verl default 1.0)."""
     top_p: float = 1.0
@@ -104,6 +120,10 @@ class TrainConfig:
     """Evaluate on the held-out split every this many steps (and at step 0 and the end); 0 = only ends."""
     eval_max_new_tokens: int | None = None
     """Evaluation length cap; None = max_new_tokens."""
+    eval_samples: int = 4
+    """k of the sampled held-out metric avg@k logged next to greedy accuracy; 0 = greedy only."""
+    eval_temperature: float = 1.0
+    """Sampling temperature of the avg@k evaluation."""
     save_every: int = 10
     """Checkpoint every this many steps (and at the end)."""
     keep_checkpoints: int = 2
@@ -127,6 +147,8 @@ class TrainConfig:
         )
         require(self.micro_batch_size >= 1, "train.micro_batch_size", self.micro_batch_size, ">= 1")
         require(self.lr > 0, "train.lr", self.lr, "> 0")
+        require(0 <= self.adam_beta1 < 1, "train.adam_beta1", self.adam_beta1, "in [0, 1)")
+        require(0 <= self.adam_beta2 < 1, "train.adam_beta2", self.adam_beta2, "in [0, 1)")
         require(self.weight_decay >= 0, "train.weight_decay", self.weight_decay, ">= 0")
         require(self.grad_clip > 0, "train.grad_clip", self.grad_clip, "> 0")
         require(self.kl_coef >= 0, "train.kl_coef", self.kl_coef, ">= 0")
@@ -136,6 +158,8 @@ class TrainConfig:
         require(self.eval_every >= 0, "train.eval_every", self.eval_every, ">= 0")
         mnt = self.eval_max_new_tokens
         require(mnt is None or mnt >= 1, "train.eval_max_new_tokens", mnt, ">= 1 or null")
+        require(self.eval_samples >= 0, "train.eval_samples", self.eval_samples, ">= 0 (0 = greedy only)")
+        require(self.eval_temperature > 0, "train.eval_temperature", self.eval_temperature, "> 0")
         require(self.save_every >= 1, "train.save_every", self.save_every, ">= 1")
         require(self.keep_checkpoints >= 1, "train.keep_checkpoints", self.keep_checkpoints, ">= 1")
         require(self.samples_per_step >= 0, "train.samples_per_step", self.samples_per_step, ">= 0")
@@ -179,6 +203,9 @@ class HacpoConfig:
     """Scale cross samples by ω^(source, learner) (Eq. 10); False = the "−ω" ablation."""
     clip_cross: bool = True
     """Clip cross ratios to [lb, 1]; False = the "no Clip" ablation."""
+    ratio_normalization: str = "tokens"
+    """Cross-sample log-ratio per token of each policy's own tokenization (``tokens``, Eq. 25) or per UTF-8
+    byte of the shared response (``bytes``: summed log-probs / byte length; tokenizer-neutral)."""
 
     def __post_init__(self) -> None:
         coerce_fields(self, "hacpo")
@@ -198,6 +225,10 @@ class HacpoConfig:
         require(0 <= self.eps_low < 1, "hacpo.eps_low", self.eps_low, "in [0, 1)")
         require(self.eps_high >= 0, "hacpo.eps_high", self.eps_high, ">= 0")
         require(self.max_abs_log_ratio > 0, "hacpo.max_abs_log_ratio", self.max_abs_log_ratio, "> 0")
+        norm = self.ratio_normalization
+        require(
+            norm in RATIO_NORMALIZATIONS, "hacpo.ratio_normalization", norm, f"one of {RATIO_NORMALIZATIONS}"
+        )
 
 
 @dataclass(frozen=True)
@@ -232,6 +263,8 @@ class ExperimentConfig:
     """One of ``ALGORITHMS`` (``workbench.config.methods``)."""
     seed: int = 0
     """Seed of prompts, sampling and initialization."""
+    seeds: tuple[int, ...] | None = None
+    """Run the experiment once per seed, one run directory each (:func:`expand_seeds`); None = ``seed``."""
     label: str = ""
     """Method name in tables and figures (``hacpo-adv``); empty = the algorithm name. A name of
     ``workbench.config.methods.METHODS`` must agree with that method's algorithm and switches."""
@@ -248,6 +281,10 @@ class ExperimentConfig:
         coerce_fields(self, "")
         object.__setattr__(self, "agents", _agent_specs(self.agents))
         require_name("experiment", self.experiment, "the run directory's parent folder")
+        require(self.seed >= 0, "seed", self.seed, ">= 0")
+        if self.seeds is not None:
+            ok = bool(self.seeds) and min(self.seeds) >= 0 and len(set(self.seeds)) == len(self.seeds)
+            require(ok, "seeds", list(self.seeds), "a non-empty list of unique ints >= 0, or null")
         require(self.algorithm in ALGORITHMS, "algorithm", self.algorithm, f"one of {list(ALGORITHMS)}")
         if self.algo.share_rollouts:
             n = len(self.agents)
@@ -278,7 +315,7 @@ class ExperimentConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain YAML data (``config.yaml``); :func:`from_dict` reads it back as an equal config."""
-        data: dict[str, Any] = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        data: dict[str, Any] = {f.name: thaw(getattr(self, f.name)) for f in dataclasses.fields(self)}
         data["agents"] = [spec.to_dict() for spec in self.agents]
         for name in _SECTIONS:
             section = getattr(self, name)
@@ -353,3 +390,11 @@ def from_dict(data: Mapping[str, Any]) -> ExperimentConfig:
         if key not in data:
             raise ConfigError(f"missing required key {key!r}")
     return ExperimentConfig(**data)
+
+
+def expand_seeds(cfg: ExperimentConfig) -> list[ExperimentConfig]:
+    """One config per seed of ``cfg.seeds`` (each with ``seed=s, seeds=None``, so each has its own config hash
+    and run directory); ``[cfg]`` when ``seeds`` is None."""
+    if cfg.seeds is None:
+        return [cfg]
+    return [dataclasses.replace(cfg, seed=s, seeds=None) for s in cfg.seeds]

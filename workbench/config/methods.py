@@ -19,6 +19,7 @@ and reports take the display label, colour and order from here (dict order is di
 | ``hacpo-alpha3`` | HACPO α = 3 | hacpo | ``alpha: 3`` | Table 4 |
 | ``hacpo-nostepwise`` | no Stepwise | hacpo | ``delta_step: 0`` | Figure 4 |
 | ``hacpo-noclip`` | no Clip | hacpo | ``clip_cross: false`` | Figure 4 |
+| ``hacpo-bytes`` | HACPO (bytes) | hacpo | ``ratio_normalization: bytes`` | (beyond the paper) |
 | ``hacpo`` | HACPO | itself (shares, capability-aware advantages, HACPO loss) | | Table 1 |
 
 A name not in the table (a user's own ``label``) is shown as it is, in a spare colour, after the known
@@ -137,6 +138,7 @@ METHODS: dict[str, Method] = {
         _ablation(_HACPO, "hacpo-alpha3", "HACPO α = 3", "#332288", "Table 4", alpha=3.0),
         _ablation(_HACPO, "hacpo-nostepwise", "no Stepwise", "#882255", "Figure 4", delta_step=0.0),
         _ablation(_HACPO, "hacpo-noclip", "no Clip", "#44AA99", "Figure 4", clip_cross=False),
+        _ablation(_HACPO, "hacpo-bytes", "HACPO (bytes)", "#EE7733", "", ratio_normalization="bytes"),
         _HACPO,
     )
 }  # fmt: skip
