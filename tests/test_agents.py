@@ -9,9 +9,11 @@ import torch
 
 from workbench.agents.agent import AgentLoadError
 from workbench.agents.hf import bnb_config, lora_config
+from workbench.agents.kvcache import preallocate
 from workbench.agents.loading import load_agent
 from workbench.agents.rollout import (
     _pick_B,
+    _shared_prefix,
     generate,
     reference_token_logprobs,
     score_rollouts,
@@ -166,6 +168,98 @@ def test_top_p_keeps_the_nucleus_only():
     assert (picks[:, 0] == 0).all() and (picks[:, 1] == 2).all()
     picks = torch.stack([_pick_B(logits_B_V, 1.0, 0.85, gen) for _ in range(200)])
     assert set(picks[:, 0].tolist()) == {0, 1}  # 0.6 + 0.3 covers 0.85; the 0.1 token is cut
+
+
+def _greedy_without_cache(agent, prompt_ids, max_new_tokens):
+    """Greedy decoding by full forwards over one unpadded sequence: no cache, no batch, no padding."""
+    response: list[int] = []
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            logits = agent.model(input_ids=torch.tensor([prompt_ids + response])).logits[0, -1]
+            response.append(int(logits.argmax()))
+            if response[-1] in agent.stop_token_ids:
+                break
+    return response
+
+
+@pytest.mark.parametrize("which", ["char_agent", "bpe_agent"])
+@pytest.mark.parametrize(
+    "prompts",
+    [
+        ["1+2*3", "1+2*3-4", "1+2*3*5+6", "1+2*3"],  # a long shared prefix, one prompt is another's prefix
+        ["8", "1+2", "9*9*9-8", "1+2"],  # only the template's prefix is shared; duplicates
+        ["7*7"],  # one distinct prompt: no prefix pass
+    ],
+)
+def test_shared_prefill_gives_the_greedy_tokens_of_a_plain_loop(which, prompts, request):
+    """Distinct prompts prefilled once, the shared prefix once, n rows expanded: the same greedy tokens."""
+    agent = request.getfixturevalue(which)
+    rollouts = generate(agent, prompts, n=2, temperature=0.0, max_new_tokens=16)
+    assert [r.prompt_index for r in rollouts] == [i for i in range(len(prompts)) for _ in range(2)]
+    for r in rollouts:
+        assert r.response_ids == _greedy_without_cache(agent, r.prompt_ids, 16)
+
+
+def test_shared_prefix_leaves_every_prompt_a_token_of_its_own():
+    assert _shared_prefix([[1, 2, 3, 4], [1, 2, 5], [1, 2, 3]]) == 2
+    assert _shared_prefix([[1, 2, 3], [1, 2, 3, 4]]) == 2  # the first prompt keeps its last token
+    assert _shared_prefix([[1, 2], [3, 4]]) == 0
+    assert _shared_prefix([[7], [7, 8]]) == 0
+
+
+@pytest.mark.parametrize("which", ["char_agent", "bpe_agent"])
+def test_preallocated_cache_gives_the_logits_of_the_dynamic_cache(which, request):
+    """Row expansion, one-token updates and dropping rows: the same logits as transformers' own cache."""
+    model = request.getfixturevalue(which).model
+    ids_B_T = torch.tensor([[5, 6, 7, 8, 9], [9, 10, 11, 12, 13]])
+    rows_R = torch.tensor([0, 1, 1, 0])
+    with torch.no_grad():
+        reference = model(input_ids=ids_B_T, use_cache=True).cache
+        reference.batch_select_indices(rows_R)
+        cache = preallocate(model(input_ids=ids_B_T, use_cache=True).cache, rows_R, capacity=8)
+        token_R = torch.tensor([[3], [4], [5], [6]])
+        for step in range(3):
+            expected = model(input_ids=token_R, cache=reference, use_cache=True).logits
+            got = model(input_ids=token_R, cache=cache, use_cache=True).logits
+            assert torch.allclose(got, expected, atol=1e-5)
+            if step == 0:  # rows 1 and 3 finish
+                keep = torch.tensor([0, 2])
+                reference.batch_select_indices(keep)
+                cache.batch_select_indices(keep)
+                token_R = token_R[keep]
+        with pytest.raises(RuntimeError, match="KV cache of 8 tokens is full"):
+            model(input_ids=torch.tensor([[1], [2]]), cache=cache, use_cache=True)
+
+
+def test_inverse_cdf_sampling_draws_the_tempered_distribution():
+    probs_V = torch.tensor([0.5, 0.25, 0.125, 0.125, 0.0])
+    gen = torch.Generator().manual_seed(0)
+    picks = _pick_B(probs_V.log().expand(8000, -1), 1.0, 1.0, gen)
+    freq_V = torch.bincount(picks, minlength=5) / len(picks)
+    assert freq_V[4] == 0  # a zero-probability token is never drawn
+    assert torch.allclose(freq_V[:4], probs_V[:4], atol=0.025)
+    picks = _pick_B(probs_V.log().expand(8000, -1), 2.0, 1.0, gen)  # softmax(log p / 2) ∝ sqrt(p)
+    tempered_V = probs_V.sqrt() / probs_V.sqrt().sum()
+    assert torch.allclose(torch.bincount(picks, minlength=5) / len(picks), tempered_V, atol=0.025)
+    # a 50k vocabulary whose tail of 1e-5 tokens holds half the mass: the tail keeps its share
+    tail_V = torch.full((50_000,), 0.5 / 49_999)
+    tail_V[123] = 0.5
+    picks = _pick_B(tail_V.log().expand(8000, -1), 1.0, 1.0, gen)
+    assert (picks == 123).float().mean().item() == pytest.approx(0.5, abs=0.025)
+    assert len(set(picks.tolist())) > 3000
+
+
+def test_sampling_in_several_batches_is_seeded_prompt_major_and_greedy_exact(char_agent):
+    """Rows sampled in length-sorted batches come back prompt-major, fixed by a seed; greedy unchanged."""
+    prompts = ["1+2", "9*9*9-8", "4", "5*6+7*8"]
+    a = generate(char_agent, prompts, n=3, seed=11, batch_size=5, max_new_tokens=12)
+    b = generate(char_agent, prompts, n=3, seed=11, batch_size=5, max_new_tokens=12)
+    assert [r.response_ids for r in a] == [r.response_ids for r in b]
+    assert [(r.prompt_index, r.index) for r in a] == [(i, g) for i in range(4) for g in range(3)]
+    assert all(r.prompt_ids == char_agent.encode_prompt(prompts[r.prompt_index]) for r in a)
+    greedy_batched = generate(char_agent, prompts, n=2, temperature=0.0, batch_size=3, max_new_tokens=12)
+    greedy_one = generate(char_agent, prompts, n=2, temperature=0.0, max_new_tokens=12)
+    assert [r.response_ids for r in greedy_batched] == [r.response_ids for r in greedy_one]
 
 
 # ---------------------------------------------------------------------------------------------------------
