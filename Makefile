@@ -5,13 +5,15 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.workbench-installed
+BENCH_VENV ?= .venv-bench
+BENCH_STAMP := $(BENCH_VENV)/.bench-installed
 
 # Two CPU cores: torch's default OpenMP spinning makes runs 10-15x slower next to any other process.
 export OMP_WAIT_POLICY ?= PASSIVE
 export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_NO_ADVISORY_WARNINGS ?= 1
 
-.PHONY: venv demo test lint format bench lab clean-cache
+.PHONY: venv demo test lint format bench bench-peers lab clean-cache
 
 $(STAMP): pyproject.toml requirements-nodeps.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,8 +36,18 @@ lint format: $(STAMP)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-bench: $(STAMP)
+bench: $(STAMP) $(BENCH_STAMP)
 	$(PY) bench/run_all.py
+
+# The peers benchmark runs TRL's GRPOTrainer in a bench-only venv (never a workbench dependency), with the
+# workbench's torch and transformers pins: bench/requirements-peers.txt.
+$(BENCH_STAMP): bench/requirements-peers.txt
+	@test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install --quiet -r bench/requirements-peers.txt
+	@touch $(BENCH_STAMP)
+
+bench-peers: $(STAMP) $(BENCH_STAMP)
+	$(PY) bench/bench_peers.py --trl-python $(BENCH_VENV)/bin/python
 
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab --no-browser --allow-root --ip=127.0.0.1 notebooks/
