@@ -249,8 +249,9 @@ def test_load_runs_edge_cases(tmp_path):
 def test_load_evals(two_runs):
     root, *_ = two_runs
     ev = frames.load_evals(root)
-    assert list(ev.columns) == [*frames.ID_COLUMNS, *results.EVAL_COLUMNS]
+    assert list(ev.columns) == [*frames.ID_COLUMNS, *results.EVAL_COLUMNS, "items"]
     assert len(ev) == 8 and set(ev["metric"]) == {"avg@4"} and (ev["value"] == 0.5).all()
+    assert ev["items"].isna().all()  # the configs name no task.eval_size: standard errors unknown
 
 
 @pytest.mark.parametrize(

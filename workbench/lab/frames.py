@@ -1,21 +1,32 @@
-"""Loading any set of run directories into pandas: wide metrics, tidy evals, long metric families.
+"""Loading any set of run directories into pandas, and choosing which runs may be averaged together.
 
 `load_runs` (one row per run and step), `load_evals` (``evals.csv`` rows with run ids) and `melt_metric`
 (one key family in long form, its key segments named) read what `workbench.train.rundir.RunWriter` wrote.
+`select_runs` decides which runs are seeds of one another: finished, same resolved config but for the seed,
+same code version; everything else is listed as excluded with its reason, never averaged.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pandas as pd
+import yaml
 
 from workbench.core import io as wio
-from workbench.train.rundir import EVAL_COLUMNS, _read_config
+from workbench.train.environment import code_version
+from workbench.train.rundir import EVAL_COLUMNS, _read_config, config_hash
 
 ID_COLUMNS = ("run", "experiment", "algorithm", "seed", "run_dir")
+EXCLUDED_COLUMNS = ("run_dir", "experiment", "method", "seed", "reason")
+"""Columns of `RunSelection.excluded`."""
+GROUP_COLUMNS = ("experiment", "method", "code_version", "runs", "seeds", "chosen_because")
+"""Columns of `RunSelection.groups`."""
+SEED_KEYS = ("seed", "seeds", "output")
+"""Top-level config keys in which seeds of one experiment may differ."""
 
 
 # melt_metric: the named segments after each key family (generic fallback: one `key` column).
@@ -118,8 +129,16 @@ def load_runs(paths: Iterable[Path | str] | Path | str) -> pd.DataFrame:
     return df
 
 
+def _eval_items(run_dir: Path) -> float:
+    """Held-out items of a run: ``task.eval_size`` of its config (the number asked for), NaN if absent."""
+    task = _read_config(run_dir).get("task") or {}
+    size = task.get("eval_size") if isinstance(task, dict) else None
+    return float(size) if isinstance(size, int) and not isinstance(size, bool) and size > 0 else float("nan")
+
+
 def load_evals(paths: Iterable[Path | str] | Path | str) -> pd.DataFrame:
-    """``evals.csv`` of all runs, with ``run, experiment, algorithm, seed, run_dir`` prepended.
+    """``evals.csv`` of all runs, with ``run, experiment, algorithm, seed, run_dir`` prepended and ``items``
+    (held-out items evaluated, from ``task.eval_size``; for standard errors) appended.
 
     Raises:
         FileNotFoundError: A path does not exist.
@@ -133,8 +152,9 @@ def load_evals(paths: Iterable[Path | str] | Path | str) -> pd.DataFrame:
         df["value"] = df["value"].astype("float64")
         for col, value in reversed(_run_ids(run_dir).items()):
             df.insert(0, col, value)
+        df["items"] = _eval_items(run_dir)
         frames.append(df)
-    columns = [*ID_COLUMNS, *EVAL_COLUMNS]
+    columns = [*ID_COLUMNS, *EVAL_COLUMNS, "items"]
     return _finish(frames, columns, ["run", "run_dir", "step", "agent", "benchmark", "metric"])
 
 
@@ -179,3 +199,149 @@ def melt_metric(df: pd.DataFrame, prefix: str) -> pd.DataFrame:
     long = long.drop(columns="_key")
     order = [c for c in ("run", "run_dir", "step", *names) if c in long.columns]
     return long.sort_values(order, kind="stable").reset_index(drop=True)
+
+
+# ---------------------------------------------------------------- which runs may be averaged
+
+
+class RunSelection(NamedTuple):
+    """What `select_runs` decided: the runs to aggregate, the runs left out and why, the groups chosen."""
+
+    runs: list[Path]
+    """Finished runs that are seeds of one another within each (experiment, method), sorted."""
+    excluded: pd.DataFrame
+    """One row per run left out: ``run_dir, experiment, method, seed, reason``."""
+    groups: pd.DataFrame
+    """One row per (experiment, method): ``code_version, runs, seeds, chosen_because``."""
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(data, dict):
+        return {prefix: data}
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        out |= _flatten(value, f"{prefix}.{key}" if prefix else str(key))
+    return out
+
+
+def _run_facts(run_dir: Path) -> dict[str, Any]:
+    """What grouping needs to know of a run; ``reason`` is set when it cannot be aggregated at all."""
+    facts: dict[str, Any] = {
+        "run_dir": run_dir,
+        "experiment": run_dir.parent.name,
+        "method": "",
+        "seed": None,
+    }
+    try:
+        cfg = _read_config(run_dir)
+    except (OSError, ValueError, yaml.YAMLError) as err:
+        return facts | {"reason": f"config.yaml unreadable: {err}"}
+    ids = _run_ids(run_dir)
+    facts |= {"experiment": ids["experiment"], "method": ids["algorithm"], "seed": ids["seed"]}
+    if not (run_dir / "DONE").is_file():
+        return facts | {"reason": "not finished (no DONE marker)"}
+    done = _read_json(run_dir / "DONE")
+    env = _read_json(run_dir / "environment.json") or {}
+    starts = [env, *(r for r in env.get("resumes", []) if isinstance(r, dict))]
+    versions = {s.get("code_version") for s in starts}
+    if not env or None in versions:
+        return facts | {"reason": "code version unknown (environment.json lacks code_version: older code)"}
+    if len(versions) > 1:
+        return facts | {"reason": f"resumed under other code (code versions {sorted(versions)})"}
+    rest = {k: v for k, v in cfg.items() if k not in SEED_KEYS}
+    finished = str((done or {}).get("finished_at") or "")
+    mtime = (run_dir / "DONE").stat().st_mtime
+    return facts | {
+        "reason": None,
+        "config": _flatten(rest),
+        "config_key": config_hash(rest),
+        "code_version": versions.pop(),
+        "finished": (finished, mtime),
+    }
+
+
+def _choose(candidates: dict[tuple[str, str], list[dict]], current: str) -> tuple[tuple[str, str], str]:
+    """The (config key, code version) group to aggregate, and why it was chosen."""
+    newest = {key: max(r["finished"] for r in runs) for key, runs in candidates.items()}
+    mine = [key for key in candidates if key[1] == current]
+    if mine:
+        return max(mine, key=newest.get), "made by the current code version"
+    key = max(candidates, key=newest.get)
+    why = "the current code has no finished run here: the most recently finished group"
+    return key, why if len(candidates) > 1 else "the only group (made by another code version)"
+
+
+def _why_not(run: dict, chosen: dict, why: str) -> str:
+    if run["config_key"] != chosen["config_key"]:
+        a, b = run["config"], chosen["config"]
+        keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+        shown = ", ".join(keys[:5]) + (f" (+{len(keys) - 5})" if len(keys) > 5 else "")
+        return f"config differs from the chosen runs in {shown}"
+    return f"code version {run['code_version']} differs from the chosen {chosen['code_version']} ({why})"
+
+
+def select_runs(
+    paths: Iterable[Path | str] | Path | str, *, current_version: str | None = None
+) -> RunSelection:
+    """Which runs may be averaged over seeds, and which are left out and why.
+
+    Within each (experiment, method): only finished runs (``DONE``) whose resolved config matches except for
+    ``seed``, ``seeds`` and ``output.*``, and whose ``code_version`` (``environment.json``) matches. Runs
+    without a code version (made before it was recorded) are excluded as unknown. When several groups
+    exist, the one made by the current code version is chosen if there is one, else the most recently
+    finished; ``groups`` says which and why. Of two finished runs with the same seed in the chosen group
+    the newer is kept.
+
+    Args:
+        paths: Run directories and/or folders holding them (as :func:`find_run_dirs`).
+        current_version: The code version to prefer (default: this code's, ``workbench.train.environment``).
+
+    Raises:
+        FileNotFoundError: A path does not exist.
+    """
+    current = current_version if current_version is not None else code_version()
+    excluded, by_method = [], {}
+    for run_dir in find_run_dirs(paths):
+        facts = _run_facts(run_dir)
+        if facts["reason"]:
+            excluded.append({c: facts[c] for c in EXCLUDED_COLUMNS})
+            continue
+        by_method.setdefault((facts["experiment"], facts["method"]), []).append(facts)
+    chosen_runs, groups = [], []
+    for (experiment, method), runs in by_method.items():
+        candidates: dict[tuple[str, str], list[dict]] = {}
+        for run in runs:
+            candidates.setdefault((run["config_key"], run["code_version"]), []).append(run)
+        key, why = _choose(candidates, current)
+        kept: dict[Any, dict] = {}
+        for run in sorted(candidates[key], key=lambda r: r["finished"], reverse=True):
+            if run["seed"] in kept:
+                reason = (
+                    f"seed {run['seed']} also in {kept[run['seed']]['run_dir'].name} (newer, same config)"
+                )
+                excluded.append({**{c: run[c] for c in EXCLUDED_COLUMNS[:-1]}, "reason": reason})
+                continue
+            kept[run["seed"]] = run
+        reference = next(iter(kept.values()))
+        for other in (k for k in candidates if k != key):
+            for run in candidates[other]:
+                reason = _why_not(run, reference, why)
+                excluded.append({**{c: run[c] for c in EXCLUDED_COLUMNS[:-1]}, "reason": reason})
+        chosen_runs += [r["run_dir"] for r in kept.values()]
+        seeds = sorted((s for s in kept if s is not None), key=int)
+        groups.append([experiment, method, key[1], len(kept), seeds, why])
+    excluded_df = pd.DataFrame(excluded, columns=list(EXCLUDED_COLUMNS))
+    excluded_df["run_dir"] = excluded_df["run_dir"].astype(str)
+    return RunSelection(
+        sorted(chosen_runs),
+        excluded_df.sort_values(["experiment", "method", "run_dir"], kind="stable").reset_index(drop=True),
+        pd.DataFrame(groups, columns=list(GROUP_COLUMNS)),
+    )

@@ -1,0 +1,118 @@
+"""Which runs may be averaged over seeds (frames.select_runs): finished, same config but for the seed, same
+code version; everything else is listed with its reason. Tiny run directories written by hand."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from workbench.lab import frames
+from workbench.train.rundir import RunWriter, create_run_dir
+
+CURRENT = "c0de00000000"
+
+
+def _run(
+    root: Path,
+    seed: int,
+    *,
+    experiment: str = "pair",
+    algorithm: str = "hacpo",
+    lr: float = 1e-4,
+    version: str | None = CURRENT,
+    done: bool = True,
+    finished: str = "2026-01-01T00:00:00+00:00",
+    resumed_with: str | None = None,
+    output_root: str = "results",
+) -> Path:
+    run_dir = create_run_dir(root, experiment)
+    writer = RunWriter(run_dir)
+    writer.write_config(
+        {
+            "experiment": experiment,
+            "algorithm": algorithm,
+            "seed": seed,
+            "seeds": [0, 1, 2],
+            "agents": [{"name": "a", "model": "tiny:a"}, {"name": "b", "model": "tiny:b"}],
+            "train": {"lr": lr, "steps": 4},
+            "output": {"root": output_root, "run_id": None},
+        }
+    )
+    env: dict = {"python": "3.11"} | ({"code_version": version} if version is not None else {})
+    if resumed_with is not None:
+        env["resumes"] = [{"code_version": resumed_with}]
+    (run_dir / "environment.json").write_text(json.dumps(env))
+    if done:
+        (run_dir / "DONE").write_text(json.dumps({"steps": 4, "finished_at": finished}))
+    return run_dir
+
+
+def _reasons(selection: frames.RunSelection) -> dict[str, str]:
+    return {
+        Path(r).name: reason for r, reason in zip(selection.excluded["run_dir"], selection.excluded["reason"])
+    }
+
+
+def test_seeds_of_one_config_are_kept_and_outsiders_listed(tmp_path):
+    kept = [_run(tmp_path, s, output_root=f"out{s}") for s in (0, 1, 2)]  # seeds and output.* may differ
+    unfinished = _run(tmp_path, 3, done=False)
+    unknown = _run(tmp_path, 4, version=None)
+    mixed = _run(tmp_path, 5, resumed_with="0ther0000000")
+    other_lr = _run(tmp_path, 6, lr=1e-3, finished="2025-01-01T00:00:00+00:00")
+    gspo = _run(tmp_path, 0, algorithm="gspo")
+    sel = frames.select_runs(tmp_path, current_version=CURRENT)
+    assert sel.runs == sorted(p.resolve() for p in [*kept, gspo])
+    reasons = _reasons(sel)
+    assert reasons[unfinished.name] == "not finished (no DONE marker)"
+    assert reasons[unknown.name].startswith("code version unknown (environment.json lacks code_version")
+    assert reasons[mixed.name] == "resumed under other code (code versions ['0ther0000000', 'c0de00000000'])"
+    assert reasons[other_lr.name] == "config differs from the chosen runs in train.lr"
+    assert list(sel.excluded.columns) == list(frames.EXCLUDED_COLUMNS)
+    groups = sel.groups.set_index("method")
+    assert groups.loc["hacpo", "seeds"] == [0, 1, 2] and groups.loc["hacpo", "runs"] == 3
+    assert groups.loc["hacpo", "chosen_because"] == "made by the current code version"
+    assert groups.loc["gspo", "seeds"] == [0]
+
+
+def test_current_code_wins_else_the_most_recent_group(tmp_path):
+    old = [_run(tmp_path, s, version="01d000000000", finished="2026-02-01T00:00:00+00:00") for s in (0, 1)]
+    new = [_run(tmp_path, s, finished="2026-01-01T00:00:00+00:00") for s in (0, 1)]
+    sel = frames.select_runs(tmp_path, current_version=CURRENT)
+    assert sel.runs == sorted(p.resolve() for p in new)  # the current code, though older
+    assert set(_reasons(sel).values()) == {
+        "code version 01d000000000 differs from the chosen c0de00000000 (made by the current code version)"
+    }
+    elsewhere = frames.select_runs(tmp_path, current_version="ffffffffffff")
+    assert elsewhere.runs == sorted(p.resolve() for p in old)  # no current-code group: the newest
+    assert "most recently finished" in elsewhere.groups.loc[0, "chosen_because"]
+    assert len(elsewhere.excluded) == 2
+
+
+def test_duplicate_seed_keeps_the_newer_run_and_experiments_are_separate(tmp_path):
+    first = _run(tmp_path, 0, finished="2026-01-01T00:00:00+00:00")
+    second = _run(tmp_path, 0, finished="2026-01-02T00:00:00+00:00")
+    other = _run(tmp_path, 0, experiment="size")
+    sel = frames.select_runs(tmp_path, current_version=CURRENT)
+    assert sel.runs == sorted(p.resolve() for p in [second, other])
+    assert _reasons(sel) == {first.name: f"seed 0 also in {second.name} (newer, same config)"}
+    assert sorted(sel.groups["experiment"]) == ["pair", "size"]
+
+
+def test_default_version_is_this_code_and_files_may_be_broken(tmp_path):
+    from workbench.train.environment import code_version
+
+    run = _run(tmp_path, 0, version=code_version())
+    broken = _run(tmp_path, 1)
+    (broken / "config.yaml").write_text("- not a mapping\n")
+    os.utime(run / "DONE")
+    sel = frames.select_runs([run, broken])
+    assert (
+        sel.runs == [run.resolve()]
+        and sel.groups.loc[0, "chosen_because"] == "made by the current code version"
+    )
+    assert _reasons(sel)[broken.name].startswith("config.yaml unreadable")
+    with pytest.raises(FileNotFoundError):
+        frames.select_runs(tmp_path / "nope")
