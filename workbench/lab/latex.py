@@ -1,4 +1,10 @@
-"""Booktabs LaTeX and CSV export of the paper tables, the best value per block in bold."""
+"""Booktabs LaTeX and CSV export of the paper tables, the best value per block in bold.
+
+A stat table (``workbench.lab.stats``: columns ``(<column>, stat)`` with mean, std, n, se) prints one cell per
+column, ``0.512 $\\pm$ 0.013`` (``0.512 $\\pm$ ---`` for one run), the best *mean* in bold; n goes in the
+caption when it is the same everywhere (with "1 seed: a smoke test" for single runs), else in an ``n``
+column per row. Its CSV keeps the numbers apart: ``<column>_mean``, ``_std``, ``_n``, ``_se``.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +15,7 @@ from typing import Literal
 import pandas as pd
 
 from workbench.core.io import atomic_write_text
+from workbench.lab.stats import flat, format_cell, is_stat_table, row_n, seeds_note
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +35,9 @@ _LATEX_ESCAPES = {
     "ω": r"$\omega$",
     "α": r"$\alpha$",
     "←": r"$\leftarrow$",
+    "±": r"$\pm$",
+    "—": "---",
+    "–": "--",
 }
 
 
@@ -64,6 +74,24 @@ def _best_mask(
     return numeric.eq(target)
 
 
+def _stat_cells(table: pd.DataFrame, decimals: int) -> tuple[pd.DataFrame, pd.DataFrame, str]:
+    """A stat table as LaTeX cell texts, its means (for the bold marks), and the caption's seeds note."""
+    groups = list(dict.fromkeys(table.columns.get_level_values(0)))
+    means = pd.DataFrame({g: table[(g, "mean")] for g in groups}, index=table.index)
+    cells = pd.DataFrame(index=table.index)
+    for g in groups:
+        cells[g] = [
+            format_cell(m, s, int(n), decimals, pm=r" $\pm$ ", dash="---", missing="--")
+            for m, s, n in zip(table[(g, "mean")], table[(g, "std")], table[(g, "n")])
+        ]
+    ns = row_n(table)
+    note = seeds_note(table)
+    if ns.nunique() > 1:
+        cells["n"] = ns
+        note = "mean ± std over seeds, n per row"
+    return cells, means, note
+
+
 def _latex_lines(
     table: pd.DataFrame, mask: pd.DataFrame, decimals: int, caption: str, label: str
 ) -> list[str]:
@@ -87,8 +115,9 @@ def _latex_lines(
         previous_block = block
         cells = []
         for j, value in enumerate(table.iloc[i]):
-            text = _format_value(value, decimals)
-            cells.append(rf"\textbf{{{text}}}" if bool(mask.iat[i, j]) else text)
+            text = value if isinstance(value, str) else _format_value(value, decimals)
+            bold = j < mask.shape[1] and bool(mask.iat[i, j])
+            cells.append(rf"\textbf{{{text}}}" if bold else text)
         lines.append(" & ".join([_latex_escape(name), *cells]) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}", ""]
     return lines
@@ -113,14 +142,15 @@ def to_latex(
     last index level is printed as the row name.
 
     Args:
-        table: From :func:`paper_table`, :func:`alpha_table` or :func:`ratio_stats_table`.
+        table: From :func:`paper_table`, :func:`alpha_table` or :func:`ratio_stats_table` (stat tables), or
+            any plain numeric table.
         path: Target ``.tex`` path; the CSV goes beside it with the suffix ``.csv``.
         caption: The LaTeX caption (escaped).
         label: The LaTeX label (``"tab:main"``), written verbatim.
         best: Which extreme is best, or None.
         axis: Mark the best per column within each block (``"column"``) or per row (``"row"``).
-        decimals: Digits printed (default: the fewest that show every value exactly, at most 6; a
-            table rounded to 3 decimals prints with 3).
+        decimals: Digits printed (default: 3 for a stat table; else the fewest that show every value
+            exactly, at most 6, so a table rounded to 3 decimals prints with 3).
         csv: Also write the CSV.
 
     Returns:
@@ -132,22 +162,27 @@ def to_latex(
         raise ValueError(f"axis must be 'column' or 'row', got {axis!r}")
     if table.empty:
         raise ValueError("table is empty: nothing to export")
-    if decimals is None:
-        decimals = _needed_decimals(table)
     path = Path(path)
     if path.suffix != ".tex":
         raise ValueError(f"path must end in .tex, got {str(path)!r}")
     path.parent.mkdir(parents=True, exist_ok=True)
+    shown, values = table, table
+    if is_stat_table(table):
+        decimals = 3 if decimals is None else decimals
+        shown, values, note = _stat_cells(table, decimals)
+        caption = f"{caption} ({note})"
+    elif decimals is None:
+        decimals = _needed_decimals(table)
     mask = (
-        _best_mask(table, best, axis)
+        _best_mask(values, best, axis)
         if best
-        else pd.DataFrame(False, index=table.index, columns=table.columns)
+        else pd.DataFrame(False, index=values.index, columns=values.columns)
     )
-    atomic_write_text(path, "\n".join(_latex_lines(table, mask, decimals, caption, label)))
+    atomic_write_text(path, "\n".join(_latex_lines(shown, mask, decimals, caption, label)))
     written = [path]
     if csv:
         csv_path = path.with_suffix(".csv")
-        atomic_write_text(csv_path, table.to_csv())
+        atomic_write_text(csv_path, (flat(table) if is_stat_table(table) else table).to_csv())
         written.append(csv_path)
     logger.info("wrote %s", ", ".join(str(p) for p in written))
     return written

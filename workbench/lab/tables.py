@@ -1,11 +1,16 @@
-"""Paper-layout tables from run results, and their LaTeX/CSV export.
+"""Paper-layout tables from run results, every cell a mean ± std over seeds with n, and their export.
 
 - :func:`paper_table`: Table 1 (rows ``"<agent> (<method>)"`` grouped per agent, the untrained ``"<agent>"``
   row first, columns = benchmarks + AVG); also Tables 2-3 when given a method subset.
 - :func:`alpha_table`: Table 4 (one score per agent and α).
 - :func:`ratio_stats_table`: Table 6 (per-step averages of the self and cross importance-ratio stats).
-- ``workbench.lab.latex.to_latex``: booktabs LaTeX with the best value per column (within each agent block)
-  in bold, and the same table as CSV; both written atomically.
+- ``workbench.lab.latex.to_latex``: booktabs LaTeX (``0.512 ± 0.013``, n in the caption or a column) with the
+  best mean per column (within each agent block) in bold, and the same table as CSV; both written atomically.
+
+Every table is a *stat table* (``workbench.lab.stats``): columns ``(<benchmark | α | statistic>, stat)`` with
+``mean, std, n, se``. Each run gives one value per cell (its last evaluation; for Table 6 its average over
+steps), and the cell aggregates the runs (seeds) of that agent and method; standard errors follow
+``workbench.lab.stats`` (binomial per run on the held-out items, combined over seeds).
 
 Pure pandas (no altair, no torch). Methods are named, labelled and ordered by the one table of methods,
 ``workbench.config.methods`` (``method_label``, ``method_sort_key``), so figures and tables agree.
@@ -21,6 +26,7 @@ import pandas as pd
 import yaml
 
 from workbench.config.methods import method_label, method_sort_key
+from workbench.lab.stats import aggregate, binomial_se, stat_table
 
 __all__ = ["alpha_table", "as_long", "paper_table", "ratio_stats_table"]
 
@@ -63,6 +69,50 @@ def _ordered(values: Sequence[str] | None, present: pd.Series, what: str) -> lis
     return list(values)
 
 
+def _with_se(rows: pd.DataFrame, keys: list[str], benches: list[str]) -> pd.DataFrame:
+    """One value per (keys, benchmark) with its binomial se, plus an ``AVG`` benchmark per key.
+
+    ``AVG`` is the unweighted mean over ``benches`` (NaN if one is missing); its se is ``sqrt(Σ se²) / B``.
+    """
+    items = rows["items"] if "items" in rows.columns else math.nan
+    rows = rows.assign(items=items)
+    per = (
+        rows.groupby([*keys, "benchmark"], sort=False, dropna=False)[["value", "items"]].mean().reset_index()
+    )
+    per["se"] = binomial_se(per["value"], per["items"])
+    wide = per.pivot_table(index=keys, columns="benchmark", values=["value", "se"], dropna=False)
+    value = wide["value"].reindex(columns=benches)
+    se = wide["se"].reindex(columns=benches)
+    avg = pd.DataFrame(
+        {
+            "value": value.mean(axis=1, skipna=False),
+            "se": (se**2).sum(axis=1, min_count=1) ** 0.5 / len(benches),
+        }
+    ).reset_index()
+    avg.loc[se.isna().any(axis=1).to_numpy(), "se"] = math.nan
+    return pd.concat([per.drop(columns="items"), avg.assign(benchmark="AVG")], ignore_index=True)
+
+
+def _seed_unit(rows: pd.DataFrame) -> pd.Series:
+    """The seed of each row when known (step-0 evaluations of one seed are one measurement), else its run."""
+    if "seed" not in rows.columns:
+        return rows["run"].astype(str)
+    return rows["seed"].astype("object").where(rows["seed"].notna(), "run " + rows["run"].astype(str))
+
+
+def _refuse_mixed_experiments(rows: pd.DataFrame) -> None:
+    if "experiment" not in rows.columns:
+        return
+    spans = rows.groupby(["agent", "algorithm"])["experiment"].unique()
+    mixed = {k: sorted(map(str, v)) for k, v in spans.items() if len(v) > 1}
+    if mixed:
+        (agent, algo), exps = next(iter(mixed.items()))
+        raise ValueError(
+            f"{agent} ({algo}) has runs of several experiments {exps}: they are not seeds of one another; "
+            "pass one experiment per method (filter evals_df, or workbench.lab.frames.select_runs)"
+        )
+
+
 def paper_table(
     evals_df: pd.DataFrame,
     metric: str = "greedy_acc",
@@ -73,27 +123,31 @@ def paper_table(
     include_untrained: bool = True,
     decimals: int = 3,
 ) -> pd.DataFrame:
-    """Table 1 layout: one row per agent × method, one column per benchmark, plus AVG.
+    """Table 1 layout: one row per agent × method, one column group per benchmark, plus AVG.
 
-    A trained row holds each run's last evaluation (step > 0), averaged over runs (seeds) of the same
-    agent and method. The untrained row (label ``"<agent>"``) holds the step-0 evaluations, averaged over
-    all runs that logged one. AVG is the unweighted mean over the benchmark columns (NaN if one is
-    missing), computed before rounding.
+    A trained row holds each run's last evaluation (step > 0), aggregated over the runs (seeds) of that agent
+    and method: mean, std, n and se. The untrained row (label ``"<agent>"``) holds the step-0 evaluations,
+    one value per seed (the runs of one seed evaluate the same initial agent). AVG is each run's unweighted
+    mean over the benchmarks (NaN if one is missing), then aggregated like a benchmark.
 
     Args:
         evals_df: Output of ``workbench.lab.frames.load_evals`` (columns run, algorithm, step, agent,
-            benchmark, metric, value).
+            benchmark, metric, value; ``items`` and ``seed`` when present give standard errors and seeds).
         metric: Which ``metric`` to tabulate (``"greedy_acc"``, ``"avg@4"``, ...).
         methods: Algorithms to include, in this order (default: all, paper order). Tables 2-3 are
             ``methods=["hacpo-adv", "hacpo"], include_untrained=False``.
         agents: Agents to include, in this order (default: order of appearance).
         benchmarks: Benchmark columns, in this order (default: order of appearance).
         include_untrained: Add the step-0 row of each agent when present.
-        decimals: Rounding of the values.
+        decimals: Rounding of mean, std and se.
 
     Returns:
-        DataFrame indexed by (agent, model) where model is ``"<agent> (<method label>)"`` or ``"<agent>"``;
-        columns = benchmarks + ``"AVG"``.
+        A stat table indexed by (agent, model) where model is ``"<agent> (<method label>)"`` or ``"<agent>"``;
+        columns ``(<benchmark> | "AVG", stat)`` with stat in mean, std, n, se.
+
+    Raises:
+        ValueError: Missing columns, an unknown metric, method, agent or benchmark, or one agent and method
+            with runs of several experiments.
     """
     _require_columns(evals_df, EVAL_COLUMNS, "evals_df")
     sel = evals_df[evals_df["metric"] == metric]
@@ -104,26 +158,41 @@ def paper_table(
     agent_order = _ordered(agents, sel["agent"], "agents")
     bench_order = _ordered(benchmarks, sel["benchmark"], "benchmarks")
     trained = _last_trained_step(sel)
+    _refuse_mixed_experiments(trained)
     method_order = sorted(set(trained["algorithm"]), key=method_sort_key)
     if methods is not None:
         method_order = _ordered(methods, trained["algorithm"], "methods")
 
-    means = trained.groupby(["agent", "algorithm", "benchmark"])["value"].mean()
-    base = sel[sel["step"] == 0].groupby(["agent", "benchmark"])["value"].mean()
-    rows, index = [], []
+    trained = trained[trained["benchmark"].isin(bench_order)]
+    runs = _with_se(trained, ["agent", "algorithm", "run"], bench_order)
+    parts = [aggregate(runs, ["agent", "algorithm", "benchmark"]).assign(kind="trained")]
+    untrained = sel[(sel["step"] == 0) & sel["benchmark"].isin(bench_order)]
+    if include_untrained and not untrained.empty:
+        untrained = untrained.assign(unit=_seed_unit(untrained))
+        base = _with_se(untrained, ["agent", "unit"], bench_order)
+        parts.append(aggregate(base, ["agent", "benchmark"]).assign(algorithm="", kind="untrained"))
+    agg = pd.concat(parts, ignore_index=True)
+    agg = agg[
+        agg["agent"].isin(agent_order) & (agg["algorithm"].isin(method_order) | (agg["kind"] == "untrained"))
+    ]
+    agg["model"] = [
+        a if k == "untrained" else f"{a} ({method_label(m)})"
+        for a, m, k in zip(agg["agent"], agg["algorithm"], agg["kind"])
+    ]
+    present = set(zip(agg["agent"], agg["algorithm"]))
+    rows = []
     for agent in agent_order:
-        if include_untrained and agent in base.index.get_level_values(0):
-            rows.append([base.get((agent, b), math.nan) for b in bench_order])
-            index.append((agent, agent))
-        for algo in method_order:
-            if (agent, algo) in means.index.droplevel(2):
-                rows.append([means.get((agent, algo, b), math.nan) for b in bench_order])
-                index.append((agent, f"{agent} ({method_label(algo)})"))
-    table = pd.DataFrame(
-        rows, columns=bench_order, index=pd.MultiIndex.from_tuples(index, names=["agent", "model"])
+        if (agent, "") in present:
+            rows.append((agent, agent))
+        rows += [(agent, f"{agent} ({method_label(m)})") for m in method_order if (agent, m) in present]
+    return stat_table(
+        agg,
+        ["agent", "model"],
+        "benchmark",
+        index_order=rows,
+        column_order=[*bench_order, "AVG"],
+        decimals=decimals,
     )
-    table["AVG"] = table[bench_order].mean(axis=1, skipna=False)
-    return table.round(decimals)
 
 
 def _read_alpha(run_dir: str) -> float:
@@ -143,22 +212,22 @@ def alpha_table(
     agents: Sequence[str] | None = None,
     decimals: int = 3,
 ) -> pd.DataFrame:
-    """Table 4 layout: one row per agent, one column per α, each cell the final score.
+    """Table 4 layout: one row per agent, one column group per α, each cell the final score over seeds.
 
     α of a run comes from an ``alpha`` column of ``evals_df`` if present, else from ``hacpo.alpha`` in the
-    run's ``config.yaml`` (``run_dir`` column). The score is the run's last evaluation (step > 0) on
-    ``benchmark``, or the unweighted mean over benchmarks when ``benchmark`` is None, averaged over runs
-    with the same α.
+    run's ``config.yaml`` (``run_dir`` column). A run's score is its last evaluation (step > 0) on
+    ``benchmark``, or its unweighted mean over benchmarks when ``benchmark`` is None; runs with the same α
+    are aggregated (mean, std, n, se).
 
     Args:
         evals_df: Output of ``load_evals`` for the α-sweep runs (HACPO runs differing in α).
         metric: Which metric.
         benchmark: One benchmark, or None for the mean over all benchmarks.
         agents: Agents (rows) to include, in order (default: order of appearance).
-        decimals: Rounding of the values.
+        decimals: Rounding of mean, std and se.
 
     Returns:
-        DataFrame indexed by agent, one column per α (ascending), named ``"α"``.
+        A stat table indexed by agent, columns ``(α, stat)`` with α ascending (first level named ``"α"``).
     """
     _require_columns(evals_df, EVAL_COLUMNS, "evals_df")
     sel = _last_trained_step(evals_df[evals_df["metric"] == metric])
@@ -172,53 +241,81 @@ def alpha_table(
         alphas = {run_dir: _read_alpha(run_dir) for run_dir in sel["run_dir"].unique()}
         sel = sel.assign(alpha=sel["run_dir"].map(alphas))
     agent_order = _ordered(agents, sel["agent"], "agents")
-    # Per run: mean over benchmarks (one value if a benchmark was chosen); then mean over runs per α.
-    per_run = sel.groupby(["agent", "alpha", "run"])["value"].mean()
-    table = per_run.groupby(["agent", "alpha"]).mean().unstack("alpha")
-    table = table.loc[agent_order].sort_index(axis=1)
-    table.columns.name = "α"
-    return table.round(decimals)
+    benches = list(dict.fromkeys(sel["benchmark"]))
+    runs = _with_se(sel, ["agent", "alpha", "run"], benches)
+    runs = runs[runs["benchmark"] == ("AVG" if benchmark is None else benchmark)]
+    agg = aggregate(runs, ["agent", "alpha"])
+    table = stat_table(
+        agg,
+        ["agent"],
+        "alpha",
+        index_order=agent_order,
+        column_order=sorted(set(agg["alpha"])),
+        decimals=decimals,
+    )
+    table.columns = table.columns.set_names(["α", "stat"])
+    return table
+
+
+_RATIO_STATS = ("mean", "max", "min", "range")
 
 
 def ratio_stats_table(runs_df: pd.DataFrame, *, run: str | None = None, decimals: int = 5) -> pd.DataFrame:
     """Table 6 layout: per learner, the self (s_homo) and cross (s_hete) sequence-ratio statistics.
 
-    Each column is the average over the run's steps of the per-step statistic: mean of ``ratio_mean``,
-    mean of ``ratio_max``, mean of ``ratio_min``, and range = max − min (so 1.00020 − 0.99960 = 0.00060 as
-    in the paper). With several cross sources per learner, each gets its own row ``"s_hete ← <source>"``.
+    Per run, each statistic is the average over the run's steps of the per-step statistic: mean of
+    ``ratio_mean``, mean of ``ratio_max``, mean of ``ratio_min``, and range = max − min (so 1.00020 − 0.99960
+    = 0.00060 as in the paper); then mean ± std over the runs (seeds). With several cross sources per
+    learner, each gets its own row ``"s_hete ← <source>"``.
 
     Args:
-        runs_df: ``load_runs`` output (wide), or ``melt_metric(df, "is")`` (long).
-        run: The run to summarize; required when the frame holds several runs.
-        decimals: Rounding of the values.
+        runs_df: ``load_runs`` output (wide), or ``melt_metric(df, "is")`` (long), of the seeds of one
+            experiment and method.
+        run: Summarize this run only (n = 1).
+        decimals: Rounding of mean, std and se.
 
     Returns:
-        DataFrame indexed by (learner, ratio) with columns mean, max, min, range.
+        A stat table indexed by (learner, ratio), columns ``(mean | max | min | range, stat)``.
+
+    Raises:
+        ValueError: No ratio metrics, an unknown run, or runs of several experiments or methods.
     """
     long = as_long(runs_df, "is")
     _require_columns(long, ["run", "learner", "source", "stat", "value"], "long 'is' frame")
-    runs = list(dict.fromkeys(long["run"].tolist()))
-    if run is None and len(runs) > 1:
-        raise ValueError(f"runs_df holds {len(runs)} runs; pick one with run=..., one of {runs}")
     if run is not None:
         _ordered([run], long["run"], "run")
         long = long[long["run"] == run]
+    for col in ("experiment", "algorithm"):
+        values = list(dict.fromkeys(long[col].dropna().tolist())) if col in long.columns else []
+        if len(values) > 1:
+            raise ValueError(
+                f"runs_df holds runs of several {col}s {values}: pick the seeds of one (or run=...)"
+            )
     long = long[long["stat"].isin(["ratio_mean", "ratio_max", "ratio_min"])]
     if long.empty:
         raise ValueError("no is/<learner>/<source>/ratio_{mean,min,max} metrics in runs_df")
-    stats = long.groupby(["learner", "source", "stat"])["value"].mean().unstack("stat")
-    rows, index = [], []
+    per_run = long.groupby(["run", "learner", "source", "stat"], sort=False)["value"].mean().unstack("stat")
+    per_run = per_run.reindex(columns=["ratio_mean", "ratio_max", "ratio_min"])
+    per_run.columns = ["mean", "max", "min"]
+    per_run["range"] = per_run["max"] - per_run["min"]
+    tidy = per_run.reset_index().melt(
+        id_vars=["run", "learner", "source"], value_vars=list(_RATIO_STATS), var_name="column"
+    )
+    rows, labels = [], {}
     for learner in dict.fromkeys(long["learner"].tolist()):
-        sources = [s for s in dict.fromkeys(long.loc[long["learner"] == learner, "source"].tolist())]
+        sources = list(dict.fromkeys(long.loc[long["learner"] == learner, "source"].tolist()))
         cross = [s for s in sources if s != learner]
         for source in ([learner] if learner in sources else []) + cross:
             label = "s_homo" if source == learner else ("s_hete" if len(cross) == 1 else f"s_hete ← {source}")
-            s = stats.loc[(learner, source)]
-            rows.append([s["ratio_mean"], s["ratio_max"], s["ratio_min"], s["ratio_max"] - s["ratio_min"]])
-            index.append((learner, label))
-    table = pd.DataFrame(
-        rows,
-        columns=["mean", "max", "min", "range"],
-        index=pd.MultiIndex.from_tuples(index, names=["learner", "ratio"]),
+            labels[(learner, source)] = label
+            rows.append((learner, label))
+    tidy["ratio"] = [labels[(a, b)] for a, b in zip(tidy["learner"], tidy["source"])]
+    agg = aggregate(tidy, ["learner", "ratio", "column"], se=None)
+    return stat_table(
+        agg,
+        ["learner", "ratio"],
+        "column",
+        index_order=rows,
+        column_order=list(_RATIO_STATS),
+        decimals=decimals,
     )
-    return table.round(decimals)
