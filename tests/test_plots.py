@@ -87,10 +87,18 @@ def test_training_curves_average_seeds_per_method_and_panel_per_agent(runs_df, t
         r["value"] for r in rows if r["method"] == "GSPO" and r["agent"] == A1 and r["step"] == 3
     ]
     assert gspo_a1_step3 == pytest.approx([0.2 + 0.15 + 0.01 + 0.02])  # mean of the two seeds' shifts
+    gspo = next(r for r in rows if r["method"] == "GSPO" and r["agent"] == A1 and r["step"] == 3)
+    assert gspo["n"] == 2 and gspo["std"] == pytest.approx(0.02 / 2**0.5)  # the ±std band over seeds
+    assert (gspo["lo"], gspo["hi"]) == pytest.approx(
+        (gspo["value"] - gspo["std"], gspo["value"] + gspo["std"])
+    )
+    hacpo = next(r for r in rows if r["method"] == "HACPO" and r["agent"] == A1 and r["step"] == 3)
+    assert hacpo["n"] == 1 and hacpo["lo"] is None  # one run: no band
     assert {r["step"] for r in rows} == {0, 3, 6}  # eval steps only
     spec = chart.to_dict()
     assert spec["facet"]["field"] == "agent"
-    layer = spec["spec"]["layer"]
+    band, *layer = spec["spec"]["layer"]
+    assert band["mark"]["type"] == "area" and band["encoding"]["y2"]["field"] == "hi"
     assert (
         layer[0]["encoding"]["strokeDash"]["field"] == "method"
         and layer[1]["encoding"]["shape"]["field"] == "method"
@@ -102,7 +110,7 @@ def test_training_curves_average_seeds_per_method_and_panel_per_agent(runs_df, t
 def test_methods_keep_the_colours_of_the_methods_table(runs_df):
     mine = _run("mine-0", "my-variant", [A1, A2], 0.01)
     chart = plots.training_curves(pd.concat([runs_df, mine], ignore_index=True), "train/acc")
-    scale = chart.to_dict()["spec"]["layer"][0]["encoding"]["color"]["scale"]
+    scale = chart.to_dict()["spec"]["layer"][1]["encoding"]["color"]["scale"]
     assert scale["domain"] == ["GSPO", "no Clip", "my-variant", "HACPO"]
     expected = [METHODS["gspo"].color, METHODS["hacpo-noclip"].color, SPARE_COLORS[0], METHODS["hacpo"].color]
     assert scale["range"] == expected
@@ -114,6 +122,7 @@ def test_training_curves_filters_and_accepts_long_frames(runs_df, tmp_path):
     rows = _datasets(chart)
     assert {r["agent"] for r in rows} == {A2} and {r["method"] for r in rows} == {"HACPO"}
     assert "facet" not in chart.to_dict()  # a single agent: one panel
+    assert [la["mark"]["type"] for la in chart.to_dict()["layer"]] == ["line", "point"]  # one run: no band
     _assert_renders(chart, tmp_path, "train_acc", ["HACPO"])
     with pytest.raises(ValueError, match="no 'train/acc' values for agents"):
         plots.training_curves(long, "train/acc", agents=["nobody"])
@@ -133,7 +142,9 @@ def test_capability_and_omega_charts(runs_df, tmp_path):
     assert "facet" not in cap.to_dict()
     _assert_renders(cap, tmp_path, "capability", [A1, A2, "capability"])
     many = plots.capability_chart(runs_df)
-    assert many.to_dict()["facet"]["field"] == "run_label"  # a panel per run
+    assert many.to_dict()["facet"]["field"] == "method"  # a panel per method, seeds averaged
+    gspo = [r for r in _datasets(many) if r["method"] == "GSPO" and r["agent"] == A1 and r["step"] == 2]
+    assert len(gspo) == 1 and gspo[0]["n"] == 2
     omega = plots.omega_chart(one_run)
     pairs = {r["pair"] for r in _datasets(omega)}
     assert pairs == {f"{A1} / {A2}", f"{A2} / {A1}"}

@@ -2,6 +2,10 @@
 
 Every function takes the WIDE frame of ``workbench.lab.frames.load_runs`` (or ``explore.metrics_frame``) or
 the LONG frame of ``melt_metric`` for its key family; the table in ``workbench.lab.plots`` lists them.
+
+Runs of one method (within one experiment) are seeds of one another: every curve is their mean per step,
+drawn with a ±std band when there are two or more (a single line for one run); ``n`` and ``std`` are in the
+tooltips. Pass the runs of ``workbench.lab.frames.select_runs`` so that only comparable runs are averaged.
 """
 
 from __future__ import annotations
@@ -82,9 +86,29 @@ def _facet(
     return chart.facet(**kwargs)
 
 
-def _runs_field(long: pd.DataFrame) -> pd.Series:
-    """A readable label per run: ``"<method> (<run id>)"``."""
-    return long["algorithm"].map(method_label) + " (" + long["run"].astype(str) + ")"
+def _method_field(long: pd.DataFrame) -> pd.Series:
+    """The method label of each row, ``"<experiment>: <method>"`` when the frame holds several experiments."""
+    labels = long["algorithm"].map(method_label)
+    if "experiment" in long.columns and long["experiment"].nunique() > 1:
+        labels = long["experiment"].astype(str) + ": " + labels
+    return labels
+
+
+def _mean_std(long: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
+    """``value`` = the mean over runs (seeds) per ``keys``, with ``std``, ``n`` and the band ``lo``/``hi``
+    = mean ∓ std (NaN for a single run: no band)."""
+    data = long.groupby(list(keys), as_index=False, sort=False)["value"].agg(["mean", "std", "count"])
+    data = data.rename(columns={"mean": "value", "count": "n"})
+    data["lo"], data["hi"] = data["value"] - data["std"], data["value"] + data["std"]
+    return data
+
+
+def _band(data: pd.DataFrame, style: dict, y_title: str) -> list[alt.Chart]:
+    """A translucent ±std band per series (none when every point is a single run)."""
+    if not (data["n"] > 1).any():
+        return []
+    band = alt.Chart().mark_area(opacity=0.18)
+    return [band.encode(x="step:Q", y=alt.Y("lo:Q", title=y_title), y2="hi:Q", color=style["color"])]
 
 
 def _source_kind(long: pd.DataFrame) -> pd.Series:
@@ -106,7 +130,8 @@ def training_curves(
     title: str | None = None,
     y_title: str = "accuracy",
 ) -> alt.TopLevelMixin:
-    """Figure 3: a metric over steps, one panel per agent, one line per method (mean over its runs).
+    """Figure 3: a metric over steps, one panel per agent, one line per method: the mean over its runs
+    (seeds) with a ±std band.
 
     Args:
         df: ``load_runs`` (wide) or ``melt_metric(df, metric)`` (long: step, agent, algorithm, value).
@@ -123,11 +148,11 @@ def training_curves(
         long = long[long["algorithm"].isin(algorithms)]
     if long.empty:
         raise ValueError(f"no {metric!r} values for agents={agents} algorithms={algorithms}")
-    data = long.groupby(["agent", "algorithm", "step"], as_index=False, sort=False)["value"].mean()
+    data = _mean_std(long, ["agent", "algorithm", "step"])
     style, _ = method_style(data["algorithm"].tolist())
     data["method"] = data["algorithm"].map(method_label)
     layers = _lines("value", style, y_title, data.columns, scale=alt.Scale(zero=False))
-    return finish(_facet(layers, data, "agent", None), title)
+    return finish(_facet([*_band(data, style, y_title), *layers], data, "agent", None), title)
 
 
 def ablation_curves(
@@ -157,12 +182,12 @@ def ablation_curves(
 def capability_chart(
     df: pd.DataFrame, *, title: str | None = "capability (windowed accuracy, Eq. 9)"
 ) -> alt.TopLevelMixin:
-    """P̂ per agent over steps (Eq. 9); one panel per run when there are several."""
+    """P̂ per agent over steps (Eq. 9), mean over seeds with a ±std band; one panel per method."""
     long = _long(df, "capability", ["run", "algorithm", "step", "agent", "value"])
-    data = long[["step", "agent", "value"]].assign(run_label=_runs_field(long))
+    data = _mean_std(long.assign(method=_method_field(long)), ["method", "agent", "step"])
     style = series_style("agent", list(dict.fromkeys(data["agent"])), "agent")
     layers = _lines("value", style, "capability", data.columns, scale=alt.Scale(domain=[0, 1]))
-    return finish(_facet(layers, data, "run_label", None), title)
+    return finish(_facet([*_band(data, style, "capability"), *layers], data, "method", None), title)
 
 
 def omega_chart(
@@ -173,12 +198,12 @@ def omega_chart(
     long = long[long["learner"] != long["source"]]
     if long.empty:
         raise ValueError("no off-diagonal omega/<learner>/<source> values to plot (one agent?)")
-    data = long[["step", "value"]].assign(
-        pair=long["learner"] + " / " + long["source"], run_label=_runs_field(long)
-    )
+    long = long.assign(pair=long["learner"] + " / " + long["source"], method=_method_field(long))
+    data = _mean_std(long, ["method", "pair", "step"])
+    data[["lo", "hi"]] = data[["lo", "hi"]].where(data[["lo", "hi"]] > 0)  # a log scale: no band below 0
     style = series_style("pair", list(dict.fromkeys(data["pair"])), "ω")
     layers = _lines("value", style, "ω", data.columns, scale=alt.Scale(type="log"))
-    return finish(_facet([*layers, _rule("y")], data, "run_label", None), title)
+    return finish(_facet([*_band(data, style, "ω"), *layers, _rule("y")], data, "method", None), title)
 
 
 def _is_stats(df: pd.DataFrame, stats: Sequence[str]) -> pd.DataFrame:
@@ -186,7 +211,7 @@ def _is_stats(df: pd.DataFrame, stats: Sequence[str]) -> pd.DataFrame:
     long = long[long["stat"].isin(stats)]
     if long.empty:
         raise ValueError(f"no is/<learner>/<source>/{{{','.join(stats)}}} values to plot")
-    return long.assign(kind=_source_kind(long), run_label=_runs_field(long))
+    return long.assign(kind=_source_kind(long), method=_method_field(long))
 
 
 def ratio_chart(
@@ -194,10 +219,11 @@ def ratio_chart(
 ) -> alt.TopLevelMixin:
     """Mean sequence ratio s of self and cross samples per learner, with a min-max band (Table 6 over time).
 
-    One panel per learner (and per run when there are several); the dotted rule marks s = 1.
+    One panel per learner (and a row per method when there are several); the dotted rule marks s = 1. With
+    several runs (seeds) of a method, each statistic is averaged over them (the band: the mean min-max).
     """
     long = _is_stats(df, ["ratio_mean", "ratio_min", "ratio_max"])
-    keys = ["run_label", "learner", "kind", "step"]
+    keys = ["method", "learner", "kind", "step"]
     data = long.pivot_table(index=keys, columns="stat", values="value", aggfunc="mean").reset_index()
     data.columns.name = None
     for stat in ("ratio_mean", "ratio_min", "ratio_max"):
@@ -211,22 +237,23 @@ def ratio_chart(
         .encode(x="step:Q", y=alt.Y("ratio_min:Q", title="s"), y2="ratio_max:Q", color=style["color"])
     )
     lines = _lines("ratio_mean", style, "s", data.columns, scale=alt.Scale(zero=False))
-    return finish(_facet([band, *lines, _rule("y")], data, "learner", "run_label"), title)
+    return finish(_facet([band, *lines, _rule("y")], data, "learner", "method"), title)
 
 
 def clip_fraction_chart(
     df: pd.DataFrame, *, title: str | None = "clipped and in-range fractions"
 ) -> alt.TopLevelMixin:
     """Per learner (a column of panels each): fraction of self/cross samples clipped (``clip_frac``) and of
-    cross samples in [lower bound, 1] (``in_range_frac``: those that get gradient), a row per statistic."""
+    cross samples in [lower bound, 1] (``in_range_frac``: those that get gradient), a row per statistic;
+    mean over seeds with a ±std band, a panel per method and learner when there are several methods."""
     long = _is_stats(df, ["clip_frac", "in_range_frac"])
-    data = long[["run_label", "learner", "kind", "stat", "step", "value"]]
+    data = _mean_std(long, ["method", "learner", "kind", "stat", "step"])
     data = data.assign(panel=data["learner"])
-    if data["run_label"].nunique() > 1:
-        data = data.assign(panel=data["run_label"] + ", " + data["learner"])
+    if data["method"].nunique() > 1:
+        data = data.assign(panel=data["method"] + ", " + data["learner"])
     style = series_style("kind", _kind_domain(data["kind"]), "samples")
     layers = _lines("value", style, "fraction", data.columns, scale=alt.Scale(domain=[0, 1]))
-    return finish(_facet(layers, data, "panel", "stat"), title)
+    return finish(_facet([*_band(data, style, "fraction"), *layers], data, "panel", "stat"), title)
 
 
 def cross_weight_chart(
@@ -264,7 +291,8 @@ def cross_weight_chart(
 def cost_chart(
     df: pd.DataFrame, *, unit: str = "responses", title: str | None = "rollouts generated vs trained on"
 ) -> alt.TopLevelMixin:
-    """Cumulative responses (or tokens) each agent generated and trained on, per method.
+    """Cumulative responses (or tokens) each agent generated and trained on, per method (mean over seeds,
+    ±std band).
 
     Sharing shows as ``trained`` above ``generated``: HACPO trains on its partners' rollouts too.
 
@@ -279,7 +307,7 @@ def cost_chart(
     long = long[long["stat"].isin([f"generated_{unit}", f"trained_{unit}"])]
     if long.empty:
         raise ValueError(f"no cost/<agent>/generated_{unit} or trained_{unit} values to plot")
-    data = long.groupby(["agent", "algorithm", "stat", "step"], as_index=False, sort=False)["value"].mean()
+    data = _mean_std(long, ["agent", "algorithm", "stat", "step"])
     data["kind"] = data["stat"].str.split("_").str[0]
     method, _ = method_style(data["algorithm"].tolist())
     data["method"] = data["algorithm"].map(method_label)
@@ -295,4 +323,8 @@ def cost_chart(
     )
     lines = base.mark_line().encode(color=method["color"], strokeDash=dash, detail="method:N")
     marks = base.mark_point().encode(color=method["color"], shape=method["shape"])
-    return finish(_facet([lines, marks], data, "agent", None), title)
+    bands = []
+    if (data["n"] > 1).any():
+        area = alt.Chart().mark_area(opacity=0.18)
+        bands = [area.encode(x="step:Q", y="lo:Q", y2="hi:Q", color=method["color"], detail="kind:N")]
+    return finish(_facet([*bands, lines, marks], data, "agent", None), title)
