@@ -1,51 +1,95 @@
-"""Run one experiment under several algorithms and compare the agents' held-out accuracy.
+"""Run experiments under several methods and seeds, and compare the agents' held-out accuracy.
 
 This is the main job (``make demo``): HACPO against the GSPO baseline at the same rollout cost, on the same
-agents, prompts and seed, then a table per agent of initial, GSPO and HACPO accuracy.
+agents and prompts, once per seed (one run directory each), then a table per agent of initial and final
+accuracy after each method, mean ± std over seeds with n and standard errors (``workbench.lab.stats``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+import logging
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from workbench.config.checks import ConfigError
-from workbench.config.experiment import ExperimentConfig
+from workbench.config.experiment import ExperimentConfig, expand_seeds
 from workbench.config.loading import load_experiment, parse_overrides
 from workbench.config.methods import ALGORITHMS
-from workbench.lab.frames import load_evals
+from workbench.lab.frames import load_evals, select_runs
+from workbench.lab.stats import aggregate, final_and_initial, stat_table
+from workbench.train.run import train
 
-__all__ = ["ShortRun", "accuracy_table", "run_comparison", "run_experiments"]
+__all__ = ["ShortRun", "accuracy_table", "run_comparison", "run_experiments", "run_seeds"]
+
+log = logging.getLogger(__name__)
+
+OnStep = Callable[[dict[str, Any]], None]
+
+
+def _with(cfg: ExperimentConfig, where: str | Path, **changes: Any) -> ExperimentConfig:
+    try:
+        return dataclasses.replace(cfg, **changes)
+    except ConfigError as exc:
+        described = ", ".join(f"{k}: {v}" for k, v in changes.items())
+        raise ConfigError(f"{where} ({described}): {exc}") from None
+
+
+def _seeded(cfg: ExperimentConfig, seeds: Sequence[int] | None, where: str | Path) -> list[ExperimentConfig]:
+    """One config per seed: ``seeds`` if given, else the config's ``seeds``, else its ``seed``."""
+    if seeds is not None:
+        cfg = _with(cfg, where, seeds=tuple(seeds))
+    return expand_seeds(cfg)
+
+
+def _train_all(jobs: list[tuple[str, ExperimentConfig]], on_step: OnStep | None) -> dict[str, list[Path]]:
+    """Train ``(method, config)`` jobs in order; ``on_step`` gets ``algorithm`` and ``seed`` added."""
+    runs: dict[str, list[Path]] = {}
+    for method, cfg in jobs:
+        callback = None
+        if on_step is not None:
+            callback = lambda m, a=method, s=cfg.seed: on_step({"algorithm": a, "seed": s, **m})  # noqa: E731
+        runs.setdefault(method, []).append(train(cfg, on_step=callback))
+    return runs
+
+
+def run_seeds(cfg: ExperimentConfig, *, on_step: OnStep | None = None) -> list[Path]:
+    """Train one config once per seed of ``cfg.seeds`` (or once, with ``cfg.seed``); one run dir per seed.
+
+    Each seed resumes or skips its own matching run (``workbench.train.run.train``).
+    """
+    return _train_all([(cfg.method, c) for c in expand_seeds(cfg)], on_step).get(cfg.method, [])
 
 
 def run_comparison(
     config: str | Path,
     algorithms: Sequence[str] = ("hacpo", "gspo"),
     *,
+    seeds: Sequence[int] | None = None,
     overrides: list[str] | dict[str, Any] | None = None,
-    on_step: Callable[[dict[str, Any]], None] | None = None,
-) -> dict[str, Path]:
-    """Train the experiment once per algorithm (resuming or skipping finished runs).
+    on_step: OnStep | None = None,
+) -> dict[str, list[Path]]:
+    """Train the experiment once per algorithm and seed (resuming or skipping finished runs).
+
+    Seeds are the outer loop, so an interrupted comparison has every method of the first seeds.
 
     Args:
         config: Experiment YAML.
         algorithms: Names in ``workbench.config.methods.ALGORITHMS``; each run overrides ``algorithm``.
+        seeds: Seeds to run (``[0, 1, 2]``); None = the config's ``seeds``, else ``[seed]``.
         overrides: Extra ``key=value`` overrides applied to every run.
-        on_step: Forwarded to :func:`workbench.train.run.train`, with ``algorithm`` added to each dict.
+        on_step: Forwarded to :func:`workbench.train.run.train`, with ``algorithm`` and ``seed`` added.
 
     Returns:
-        ``{algorithm: run_dir}``.
+        ``{algorithm: [run_dir per seed]}``.
 
     Raises:
-        ConfigError: An unknown algorithm, or a config that is invalid under one of them (checked for all
-            before the first run trains).
+        ConfigError: An unknown algorithm, bad seeds, or a config that is invalid under one of the
+            algorithms (all checked before the first run trains).
     """
-    from workbench.train.run import train
-
     unknown = [a for a in algorithms if a not in ALGORITHMS]
     if unknown:
         raise ConfigError(f"unknown algorithm {unknown[0]!r}; valid: {list(ALGORITHMS)}")
@@ -53,81 +97,116 @@ def run_comparison(
         return {}
     # The YAML is read once; each algorithm's config is a validated copy of it.
     cfg = load_experiment(config, parse_overrides(overrides) | {"algorithm": algorithms[0]})
-    configs = {a: _with_algorithm(cfg, a, config) for a in algorithms}
-    runs = {}
-    for algorithm, algo_cfg in configs.items():
-        callback = None if on_step is None else (lambda m, a=algorithm: on_step({"algorithm": a, **m}))
-        runs[algorithm] = train(algo_cfg, on_step=callback)
-    return runs
-
-
-def _with_algorithm(cfg: ExperimentConfig, algorithm: str, path: str | Path) -> ExperimentConfig:
-    try:
-        return dataclasses.replace(cfg, algorithm=algorithm)
-    except ConfigError as exc:
-        raise ConfigError(f"{path} (algorithm: {algorithm}): {exc}") from None
+    per_algo = {a: _seeded(_with(cfg, config, algorithm=a), seeds, config) for a in algorithms}
+    n = len(per_algo[algorithms[0]])
+    return _train_all([(a, per_algo[a][i]) for i in range(n) for a in algorithms], on_step)
 
 
 def run_experiments(
     configs: Sequence[str | Path],
     *,
+    seeds: Sequence[int] | None = None,
     overrides: list[str] | dict[str, Any] | None = None,
-    on_step: Callable[[dict[str, Any]], None] | None = None,
-) -> dict[str, Path]:
-    """Train several experiment YAMLs (e.g. the ablations) with shared overrides.
+    on_step: OnStep | None = None,
+) -> dict[str, list[Path]]:
+    """Train several experiment YAMLs (e.g. the ablations) with shared overrides, once per seed.
 
     Args:
         configs: YAML files, or folders whose ``*.yaml`` files are all taken (sorted by name).
+        seeds: Seeds to run for every experiment; None = each config's ``seeds``, else its ``seed``.
         overrides: ``key=value`` overrides applied to every experiment.
-        on_step: Forwarded to :func:`workbench.train.run.train`, with ``algorithm`` (the label) added.
+        on_step: Forwarded to :func:`workbench.train.run.train`, with ``algorithm`` (the label) and
+            ``seed`` added.
 
     Returns:
-        ``{method label: run_dir}`` (the label is ``label`` or the algorithm of each config).
+        ``{method label: [run_dir per seed]}`` (the label is ``label`` or the algorithm of each config).
     """
-    from workbench.train.run import train
-
     base = parse_overrides(overrides)
     paths = [p for c in map(Path, configs) for p in (sorted(c.glob("*.yaml")) if c.is_dir() else [c])]
-    by_method: dict[str, ExperimentConfig] = {}
+    by_method: dict[str, list[ExperimentConfig]] = {}
     for path in paths:  # every config is validated before the first run trains
         cfg = load_experiment(path, base)
         if cfg.method in by_method:
             raise ConfigError(f"{path}: method label {cfg.method!r} is used twice; set a distinct 'label'")
-        by_method[cfg.method] = cfg
-    runs = {}
-    for method, cfg in by_method.items():
-        callback = None if on_step is None else (lambda m, a=method: on_step({"algorithm": a, **m}))
-        runs[method] = train(cfg, on_step=callback)
-    return runs
+        by_method[cfg.method] = _seeded(cfg, seeds, path)
+    n = max((len(c) for c in by_method.values()), default=0)
+    jobs = [(m, cfgs[i]) for i in range(n) for m, cfgs in by_method.items() if i < len(cfgs)]
+    return _train_all(jobs, on_step)
 
 
-def accuracy_table(runs: dict[str, Path], metric: str = "greedy_acc") -> pd.DataFrame:
-    """Per agent: initial accuracy (step 0) and the final accuracy after each algorithm.
+def _as_lists(runs: Mapping[str, Path | str | Sequence[Path | str]]) -> dict[str, list[Path]]:
+    return {m: [Path(r)] if isinstance(r, str | Path) else [Path(p) for p in r] for m, r in runs.items()}
+
+
+def _gains(final: pd.DataFrame, names: list[str]) -> pd.DataFrame:
+    """Per seed paired differences ``<method> − <last method>`` (se: sqrt(se_a² + se_b²), conservative)."""
+    parts = []
+    ref = final[final["method"] == names[-1]].set_index(["seed", "agent", "metric"])
+    for name in names[:-1]:
+        mine = final[final["method"] == name].set_index(["seed", "agent", "metric"])
+        both = mine[["value", "se"]].join(ref[["value", "se"]], rsuffix="_ref", how="inner")
+        diff = pd.DataFrame(
+            {"value": both["value"] - both["value_ref"], "se": (both["se"] ** 2 + both["se_ref"] ** 2) ** 0.5}
+        )
+        parts.append(diff.reset_index().assign(column=f"{name} − {names[-1]}"))
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
+def accuracy_table(
+    runs: Mapping[str, Path | str | Sequence[Path | str]],
+    metrics: Sequence[str] | None = None,
+    *,
+    decimals: int = 3,
+) -> pd.DataFrame:
+    """Per agent and metric: initial accuracy, final accuracy after each method, and the gains over the last.
+
+    Only runs that may be averaged are used (``workbench.lab.frames.select_runs``: finished, same config but
+    for the seed, same code); the others are logged and listed in ``table.attrs["excluded"]``. Each cell is
+    mean ± std over seeds with n and se (``workbench.lab.stats``); ``initial`` is the step-0 evaluation,
+    once per seed; ``<method> − <last>`` is the per-seed paired difference over the seeds both share.
 
     Args:
-        runs: ``{algorithm: run_dir}`` from :func:`run_comparison`.
-        metric: Eval metric (``greedy_acc`` by default).
+        runs: ``{method: [run_dir per seed]}`` from :func:`run_comparison` (or one run dir per method).
+        metrics: Eval metrics (default: ``greedy_acc`` and every ``avg@k`` logged).
+        decimals: Rounding of mean, std and se.
 
     Returns:
-        A DataFrame indexed by agent with columns ``initial`` and one per algorithm, plus
-        ``<algorithm> − <first>`` gain columns when there are two or more algorithms.
+        A stat table indexed by (agent, metric), columns ``(initial | <method> | <gain>, stat)``.
     """
-    evals = load_evals(list(runs.values()))
-    evals = evals[evals["metric"] == metric]
-    table = pd.DataFrame()
-    for algorithm, run_dir in runs.items():
-        rows = evals[evals["run_dir"].map(lambda d: Path(d).resolve()) == Path(run_dir).resolve()]
-        if rows.empty:
-            continue
-        by_step = rows.groupby(["agent", "step"])["value"].mean().unstack("step")
-        if "initial" not in table:
-            table["initial"] = by_step[by_step.columns.min()]
-        table[algorithm] = by_step[by_step.columns.max()]
-    names = [a for a in runs if a in table]
-    if len(names) >= 2:
-        for algorithm in names[:-1]:
-            table[f"{algorithm} − {names[-1]}"] = table[algorithm] - table[names[-1]]
-    table.index.name = "agent"
+    lists = _as_lists(runs)
+    selection = select_runs([p for paths in lists.values() for p in paths])
+    if len(selection.excluded):
+        log.warning(
+            "accuracy_table: left out %d runs:\n%s", len(selection.excluded), selection.excluded.to_string()
+        )
+    chosen = {p.resolve() for p in selection.runs}
+    method_of = {p.resolve(): m for m, paths in lists.items() for p in paths if p.resolve() in chosen}
+    evals = load_evals(sorted(method_of))
+    evals = evals.assign(method=evals["run_dir"].map(lambda d: method_of.get(Path(d).resolve())))
+    if metrics is None:
+        present = set(evals["metric"])
+        metrics = [
+            m for m in ["greedy_acc", *sorted(m for m in present if m.startswith("avg@"))] if m in present
+        ]
+    evals = evals[evals["metric"].isin(list(metrics))]
+    final, initial = final_and_initial(evals)
+    names = [m for m in lists if m in set(final["method"])]
+    parts = [
+        aggregate(initial.assign(column="initial"), ["agent", "metric", "column"]),
+        aggregate(final.rename(columns={"method": "column"}), ["agent", "metric", "column"]),
+    ]
+    gains = _gains(final, names)
+    if len(gains):
+        parts.append(aggregate(gains, ["agent", "metric", "column"]))
+    agg = pd.concat(parts, ignore_index=True)
+    agents = list(dict.fromkeys(evals["agent"]))
+    rows = [(a, m) for a in agents for m in metrics if ((agg["agent"] == a) & (agg["metric"] == m)).any()]
+    present = set(agg["column"])
+    columns = [c for c in ["initial", *names, *(f"{m} − {names[-1]}" for m in names[:-1])] if c in present]
+    table = stat_table(
+        agg, ["agent", "metric"], "column", index_order=rows, column_order=columns, decimals=decimals
+    )
+    table.attrs["excluded"] = selection.excluded
     return table
 
 
@@ -159,12 +238,13 @@ class ShortRun:
         return self
 
     def __call__(self, params: dict[str, Any]) -> Path:
-        """Train with ``params`` (``hacpo`` keys from ``_TUNING_KEYS`` and ``steps``); returns the run dir."""
-        from workbench.train.run import train
+        """Train with ``params`` (``hacpo`` keys from ``_TUNING_KEYS`` and ``steps``); returns the run dir.
 
+        One run, with the config's ``seed`` (a short tuning run; ``seeds`` of the YAML are not expanded).
+        """
         chosen = {f"hacpo.{k}": params[k] for k in _TUNING_KEYS if k in params}
         if "steps" in params:
             chosen["train.steps"] = params["steps"]
-        cfg = load_experiment(self.config, {**self.overrides, **chosen})
+        cfg = load_experiment(self.config, {**self.overrides, **chosen, "seeds": None})
         self.run_dir = train(cfg, on_step=self.on_step)
         return self.run_dir

@@ -1,15 +1,16 @@
 """Paper-style reports from run directories: the tables and figures the notebooks show and save.
 
-Each report reads runs through ``workbench.lab.frames`` only (never trains), builds the pandas tables and
-altair
-charts, writes them under ``out_dir`` (LaTeX + CSV tables; PNG, SVG and HTML figures) and returns them so a
-notebook can display them. ``05_figures`` calls these on everything under ``results/``.
+Each report reads runs through ``workbench.lab.frames`` only (never trains): it keeps the runs that may be
+averaged over seeds (``select_runs``: finished, same config but for the seed, same code version) and lists
+the others in ``excluded.csv``; builds the pandas tables (mean ± std over seeds, n) and altair charts (mean
+over seeds with a ±std band), writes them under ``out_dir`` (LaTeX + CSV tables; PNG, SVG and HTML figures)
+and returns them so a notebook can display them. ``05_figures`` calls these on everything under ``results/``.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,9 +19,9 @@ import pandas as pd
 
 from workbench.config.methods import methods_in
 from workbench.core.io import atomic_write_text
-from workbench.lab import latex, plots, tables
+from workbench.lab import latex, plots, stats, tables
 from workbench.lab.explore import capability_table, cross_weight_table
-from workbench.lab.frames import find_run_dirs, load_evals, load_runs
+from workbench.lab.frames import EXCLUDED_COLUMNS, load_evals, load_runs, select_runs
 
 __all__ = [
     "Report",
@@ -36,14 +37,24 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Report:
-    """What a report produced: tables and charts by name, and every file written."""
+    """What a report produced: tables and charts by name, every file written, and the runs left out."""
 
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
     charts: dict[str, Any] = field(default_factory=dict)
     files: list[Path] = field(default_factory=list)
+    excluded: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=list(EXCLUDED_COLUMNS)))
+    """Runs found but not aggregated (``run_dir, experiment, method, seed, reason``)."""
 
-    def add_table(self, name: str, table: pd.DataFrame, out_dir: Path, caption: str, **options: Any) -> None:
-        """Keep ``table`` and write it as ``<out_dir>/<name>.tex`` and ``.csv``."""
+    def add_table(
+        self, name: str, build: Callable[[], pd.DataFrame], out_dir: Path, caption: str, **options: Any
+    ) -> None:
+        """Build a table (skipped with a warning when the runs cannot make it, e.g. they would mix
+        experiments), keep it and write it as ``<out_dir>/<name>.tex`` and ``.csv``."""
+        try:
+            table = build()
+        except ValueError as exc:
+            log.warning("skipped table %s: %s", name, exc)
+            return
         self.tables[name] = table
         if not table.empty:
             self.files += latex.to_latex(table, out_dir / f"{name}.tex", caption, f"tab:{name}", **options)
@@ -60,22 +71,54 @@ class Report:
 
 
 def save_accuracy_table(table: pd.DataFrame, out_dir: str | Path) -> list[Path]:
-    """Write the demo's per-agent accuracy table (``compare.accuracy_table``) as ``accuracy.tex``/``.csv``."""
-    return latex.to_latex(
-        table, Path(out_dir) / "accuracy.tex", "Held-out greedy accuracy per agent", "tab:accuracy", best=None
-    )
+    """Write the demo's accuracy table (``compare.accuracy_table``) as ``accuracy.tex``, ``.csv`` and ``.md``.
+
+    The CSV has one row per (agent, metric) and columns ``<column>_mean, _std, _n, _se`` for ``initial``,
+    each method and each gain; ``accuracy.md`` is the same as text to print (``0.512 ± 0.013 (SE 0.016)``,
+    n per row, and the seeds note: "1 seed: a smoke test" for one seed). Runs left out of it
+    (``table.attrs["excluded"]``) go to ``excluded.csv``.
+    """
+    caption = "Held-out accuracy per agent: before training, after each method, and the paired gain"
+    files = latex.to_latex(table, Path(out_dir) / "accuracy.tex", caption, "tab:accuracy", best=None)
+    shown = stats.formatted(table, with_se=True)
+    text = f"{caption}: {shown.attrs['note']} (SE: standard error, workbench.lab.stats).\n\n"
+    files.append(Path(out_dir) / "accuracy.md")
+    atomic_write_text(files[-1], text + stats.markdown(shown))
+    excluded = table.attrs.get("excluded")
+    if isinstance(excluded, pd.DataFrame) and len(excluded):
+        path = Path(out_dir) / "excluded.csv"
+        atomic_write_text(path, excluded.to_csv(index=False))
+        files.append(path)
+    return files
 
 
-def _runs(run_dirs: Iterable[Path | str] | dict[str, Path]) -> list[Path]:
-    paths = list(run_dirs.values()) if isinstance(run_dirs, dict) else list(run_dirs)
-    return find_run_dirs(paths)
+RunDirs = Iterable[Path | str] | Mapping[str, Path | str | Sequence[Path | str]]
+"""Run directories, folders of them, or ``{method: run_dir | [run_dir per seed]}`` from ``compare``."""
 
 
-def quickstart_report(run_dirs: Iterable[Path | str] | dict[str, Path], out_dir: str | Path) -> Report:
+def _select(run_dirs: RunDirs, out_dir: Path, report: Report) -> list[Path]:
+    """The runs that may be averaged; the others are logged and written to ``excluded.csv``."""
+    if isinstance(run_dirs, Mapping):
+        values = run_dirs.values()
+        paths = [p for v in values for p in ([v] if isinstance(v, str | Path) else list(v))]
+    else:
+        paths = list(run_dirs)
+    selection = select_runs(paths)
+    report.excluded = selection.excluded
+    if len(selection.excluded):
+        log.warning("left out %d runs (see excluded.csv):\n%s", len(selection.excluded), selection.excluded)
+        path = out_dir / "excluded.csv"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, selection.excluded.to_csv(index=False))
+        report.files.append(path)
+    return selection.runs
+
+
+def quickstart_report(run_dirs: RunDirs, out_dir: str | Path) -> Report:
     """Training curves, capability/ω, ratio statistics and clip fractions of a method comparison."""
-    out_dir, runs = Path(out_dir), _runs(run_dirs)
+    out_dir, report = Path(out_dir), Report()
+    runs = _select(run_dirs, out_dir, report)
     df = load_runs(runs)
-    report = Report()
     report.add_chart(
         "train_acc", plots.training_curves, df, "train/acc", y_title="rollout accuracy", out_dir=out_dir
     )
@@ -90,18 +133,25 @@ def quickstart_report(run_dirs: Iterable[Path | str] | dict[str, Path], out_dir:
     return report
 
 
-def benchmark_report(run_dirs: Iterable[Path | str] | dict[str, Path], out_dir: str | Path) -> Report:
+def benchmark_report(run_dirs: RunDirs, out_dir: str | Path) -> Report:
     """Table 1 (agent × method × benchmark, AVG) and Figure 3 (held-out accuracy over steps), plus cost."""
-    out_dir, runs = Path(out_dir), _runs(run_dirs)
+    out_dir, report = Path(out_dir), Report()
+    runs = _select(run_dirs, out_dir, report)
     df, evals = load_runs(runs), load_evals(runs)
-    report = Report()
     if not evals.empty:
         report.add_table(
             "table1",
-            tables.paper_table(evals),
+            lambda: tables.paper_table(evals),
             out_dir,
             "Held-out greedy accuracy per agent and method (Table 1)",
         )
+        for metric in sorted(m for m in set(evals["metric"]) if m.startswith("avg@")):
+            report.add_table(
+                f"table1_{metric.replace('@', '')}",
+                lambda metric=metric: tables.paper_table(evals, metric),
+                out_dir,
+                f"Held-out sampled accuracy {metric} per agent and method (Table 1)",
+            )
     report.add_chart(
         "figure3", plots.training_curves, df, "eval/acc", y_title="held-out accuracy", out_dir=out_dir
     )
@@ -112,37 +162,42 @@ def benchmark_report(run_dirs: Iterable[Path | str] | dict[str, Path], out_dir: 
     return report
 
 
-def ablation_report(run_dirs: Iterable[Path | str] | dict[str, Path], out_dir: str | Path) -> Report:
+def ablation_report(run_dirs: RunDirs, out_dir: str | Path) -> Report:
     """Tables 2-4 and 6 and Figure 4 from HACPO runs and its ablations (``label`` names of the methods table).
 
     Which method goes in which table comes from ``workbench.config.methods.METHODS`` (its ``paper`` field).
     """
-    out_dir, runs = Path(out_dir), _runs(run_dirs)
+    out_dir, report = Path(out_dir), Report()
+    runs = _select(run_dirs, out_dir, report)
     df, evals = load_runs(runs), load_evals(runs)
-    report = Report()
     if not evals.empty:
         present = set(evals["algorithm"])
         components = [m for m in [*methods_in("Table 2"), *methods_in("Table 3"), "hacpo"] if m in present]
         if len(components) > 1:
             report.add_table(
                 "table2_3",
-                tables.paper_table(evals, methods=components, include_untrained=False),
+                lambda: tables.paper_table(evals, methods=components, include_untrained=False),
                 out_dir,
                 "Removing the capability-aware advantage (−Adv, Table 2) or ω in the loss (−ω, Table 3)",
             )
         alpha_evals = evals[evals["algorithm"].isin(["hacpo", *methods_in("Table 4")])]
         if alpha_evals["run_dir"].nunique() > 1:
             report.add_table(
-                "table4", tables.alpha_table(alpha_evals), out_dir, "α sensitivity (Table 4)", axis="row"
+                "table4",
+                lambda: tables.alpha_table(alpha_evals),
+                out_dir,
+                "α sensitivity (Table 4)",
+                axis="row",
             )
     hacpo_runs = df[df["algorithm"] == "hacpo"]
     if not hacpo_runs.empty:
-        try:
-            stats = tables.ratio_stats_table(hacpo_runs)
-        except ValueError as exc:
-            log.info("skipped table 6: %s", exc)
-        else:
-            report.add_table("table6", stats, out_dir, "Importance-ratio statistics (Table 6)", best=None)
+        report.add_table(
+            "table6",
+            lambda: tables.ratio_stats_table(hacpo_runs),
+            out_dir,
+            "Importance-ratio statistics of HACPO (Table 6)",
+            best=None,
+        )
     report.add_chart("figure4", plots.ablation_curves, df, "eval/acc", out_dir=out_dir)
     report.add_chart("ratios", plots.ratio_chart, df, out_dir=out_dir)
     report.add_chart("clip_fractions", plots.clip_fraction_chart, df, out_dir=out_dir)

@@ -14,6 +14,9 @@ or the LONG frame of ``melt_metric`` for its key family, and returns a finished 
 | :func:`cross_weight_chart` | ``explore.cross_weight_table`` | a cross sample's weight against s |
 | :func:`cost_chart` | ``cost`` | rollouts generated vs trained per agent |
 
+Runs of one method (seeds) are averaged: each curve is their mean per step with a ±std band (a single line
+for one run).
+
 The modules: ``charts`` (the functions above), ``style`` (:data:`THEME`, :data:`PALETTE`, :data:`DASHES`,
 :data:`SHAPES`; methods keep the colour and order of ``workbench.config.methods``), ``export``
 (:func:`save_chart` writes PNG, SVG and self-contained HTML atomically). :func:`setup_notebook` selects the

@@ -1,0 +1,85 @@
+"""Tiny fake run directories for the lab's tests: the files the trainer writes, by hand (no training)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from workbench.train.environment import code_version
+from workbench.train.rundir import RunWriter, create_run_dir
+
+PROMPTS, GROUP = 4, 8
+
+
+def write_run(
+    root: Path,
+    *,
+    experiment: str = "model",
+    algorithm: str = "hacpo",
+    label: str = "",
+    seed: int = 0,
+    agents: Sequence[str] = ("a", "b"),
+    initial: Sequence[float] = (0.4, 0.6),
+    final: Sequence[float] = (0.5, 0.7),
+    avg: Sequence[float] | None = None,
+    steps: int = 4,
+    eval_size: int = 100,
+    version: str | None = "current",
+    done: bool = True,
+    in_range: float | None = None,
+    ratio_normalization: str = "tokens",
+    step_s: float = 2.0,
+) -> Path:
+    """A finished (``done``) run: evals at step 0 and ``steps`` (greedy and, with ``avg``, avg@4), cost,
+    time and (with ``in_range``) cross in-range fractions in ``metrics.jsonl``; ``version="current"`` is this
+    code's version, None leaves ``code_version`` out of ``environment.json``."""
+    run_dir = create_run_dir(root, experiment)
+    writer = RunWriter(run_dir)
+    writer.write_config(
+        {
+            "experiment": experiment,
+            "algorithm": algorithm,
+            "label": label,
+            "seed": seed,
+            "seeds": None,
+            "agents": [{"name": a, "model": f"tiny:{a}"} for a in agents],
+            "task": {"eval_size": eval_size},
+            "train": {"steps": steps, "prompts_per_step": PROMPTS, "group_size": GROUP},
+            "hacpo": {"ratio_normalization": ratio_normalization},
+            "output": {"root": str(root)},
+        }
+    )
+    env = {} if version is None else {"code_version": code_version() if version == "current" else version}
+    (run_dir / "environment.json").write_text(json.dumps({"python": "3.11", **env}))
+    multiplier = 2 if algorithm == "gspo_x2" else 1
+    shares = algorithm in ("hacpo", "naive")
+    for step in range(steps + 1):
+        metrics: dict[str, float] = {}
+        if step:
+            metrics["time/step_s"] = step_s
+            for i, a in enumerate(agents):
+                generated = step * PROMPTS * GROUP * multiplier
+                metrics[f"cost/{a}/generated_responses"] = generated
+                metrics[f"cost/{a}/trained_responses"] = generated * (len(agents) if shares else 1)
+                for source in agents:
+                    if in_range is not None and source != a:
+                        metrics[f"is/{a}/{source}/in_range_frac"] = in_range + 0.01 * (step - 2) + 0.1 * i
+        if step in (0, steps):
+            accs = initial if step == 0 else final
+            metrics |= {f"eval/acc/{a}": v for a, v in zip(agents, accs)}
+            rows = [
+                {"agent": a, "benchmark": "arith", "metric": "greedy_acc", "value": v}
+                for a, v in zip(agents, accs)
+            ]
+            if avg is not None:
+                sampled = [v - 0.05 for v in initial] if step == 0 else avg
+                rows += [
+                    {"agent": a, "benchmark": "arith", "metric": "avg@4", "value": v}
+                    for a, v in zip(agents, sampled)
+                ]
+            writer.append_evals(step, rows)
+        writer.log_metrics(step, metrics)
+    if done:
+        writer.mark_done({"steps": steps, "agents": list(agents)})
+    return run_dir
