@@ -1,0 +1,344 @@
+"""The committed summary of a comparison: small CSV + Markdown files, and README's Results section from them.
+
+`write_summary` reads finished run directories (never trains), keeps the runs that may be averaged
+(``workbench.lab.frames.select_runs``) and writes under ``out_dir`` (e.g. ``results/summary/``):
+
+- ``comparison.csv``, one row per pair × method × agent: final held-out greedy and avg@k accuracy (mean,
+  std, se, n seeds), the initial accuracy, rollouts generated, responses trained on, wall time;
+- ``verdicts.csv``, per pair × agent × metric × claim: HACPO ≥ GSPO and HACPO ≥ GSPO×2 on the means, Δ, its
+  standard error, the rollout ratio;
+- ``tokens_vs_bytes.csv`` (when ``hacpo-bytes`` runs exist), per pair × normalization × learner: in-band
+  fraction of cross samples and final accuracy;
+- ``excluded.csv``: runs left out and why;
+- ``comparison.md``: all of it as Markdown (:func:`render_results_section`).
+
+Means and stds are over seeds; standard errors as in ``workbench.lab.stats``. A claim "holds" on the means;
+it is called *resolved* only when |Δ| > 2 SE of Δ, otherwise *within noise*: no significance is claimed that
+the seeds do not show. `update_readme` puts :func:`render_results_section` between ``<!-- results:start -->``
+and ``<!-- results:end -->``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable
+from pathlib import Path
+
+import pandas as pd
+
+from workbench.config.methods import method_label, method_sort_key
+from workbench.core.io import atomic_write_text
+from workbench.lab.frames import load_evals, load_runs, select_runs
+from workbench.lab.stats import aggregate, combine, final_and_initial, format_cell
+
+__all__ = ["render_results_section", "tokens_vs_bytes", "update_readme", "write_summary"]
+
+log = logging.getLogger(__name__)
+
+START, END = "<!-- results:start -->", "<!-- results:end -->"
+CLAIMS = (("gspo", "HACPO ≥ GSPO"), ("gspo_x2", "HACPO ≥ GSPO×2"))
+"""The claims checked per agent: HACPO against each baseline."""
+
+
+def _metrics(evals: pd.DataFrame) -> tuple[str, str | None]:
+    """``greedy_acc`` and the avg@k logged (the largest k), if any."""
+    avgs = sorted((m for m in set(evals["metric"]) if m.startswith("avg@")), key=lambda m: int(m[4:]))
+    return "greedy_acc", (avgs[-1] if avgs else None)
+
+
+def _last_metric(runs: pd.DataFrame, key: str) -> pd.Series:
+    """Per run dir: the last logged value of ``key`` (NaN when never logged)."""
+    if key not in runs.columns:
+        return pd.Series(dtype="float64")
+    return runs.dropna(subset=[key]).groupby("run_dir")[key].last()
+
+
+def _comparison(evals: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per (experiment, method, agent): accuracies over seeds, cost and wall time."""
+    greedy, avg = _metrics(evals)
+    evals = evals.rename(columns={"algorithm": "method"})
+    final, initial = final_and_initial(evals, by=("experiment", "method"), initial_by=("experiment",))
+    keys = ["experiment", "method", "agent"]
+    table = aggregate(final[final["metric"] == greedy], keys).rename(columns=lambda c: _prefixed(c, "greedy"))
+    first = aggregate(initial[initial["metric"] == greedy], ["experiment", "agent"])
+    table = table.merge(first.rename(columns=lambda c: _prefixed(c, "initial_greedy")), how="left")
+    if avg is not None:
+        sampled = aggregate(final[final["metric"] == avg], keys).rename(
+            columns=lambda c: _prefixed(c, "avgk")
+        )
+        table = table.merge(sampled.drop(columns="avgk_n"), how="left")
+        first = aggregate(initial[initial["metric"] == avg], ["experiment", "agent"])
+        table = table.merge(first.rename(columns=lambda c: _prefixed(c, "initial_avgk")), how="left")
+    table.insert(3, "avgk", avg or "")
+    table = table.rename(columns={"greedy_n": "n"})
+    table["seeds"] = [
+        " ".join(
+            str(s) for s in sorted(final.loc[(final[keys] == row).all(axis=1), "seed"].unique(), key=str)
+        )
+        for row in table[keys].itertuples(index=False, name=None)
+    ]
+    method_of = final.drop_duplicates("run_dir").set_index("run_dir")["method"]
+    wall = runs.groupby("run_dir")["time/step_s"].sum(min_count=1) if "time/step_s" in runs else pd.Series()
+    for col, stat in (("generated_responses", "generated"), ("trained_responses", "trained")):
+        values = []
+        for exp, method, agent in table[keys].itertuples(index=False, name=None):
+            dirs = final.loc[(final["experiment"] == exp) & (final["method"] == method), "run_dir"].unique()
+            last = _last_metric(runs, f"cost/{agent}/{col}").reindex(dirs)
+            values.append(last.mean())
+        table[stat] = values
+    walls = []
+    for exp, method in table[["experiment", "method"]].itertuples(index=False, name=None):
+        dirs = [d for d, m in method_of.items() if m == method and (final["run_dir"] == d).any()]
+        dirs = [d for d in dirs if final.loc[final["run_dir"] == d, "experiment"].iloc[0] == exp]
+        walls.append(combine(wall.reindex(dirs).tolist()) if len(wall) else combine([]))
+    table["wall_s_mean"] = [w["mean"] for w in walls]
+    table["wall_s_std"] = [w["std"] for w in walls]
+    order = sorted(
+        range(len(table)), key=lambda i: (table["experiment"][i], method_sort_key(table["method"][i]))
+    )
+    first = [*keys, "n", "seeds", "greedy_mean", "greedy_std", "greedy_se", "avgk"]
+    return table.iloc[order].reset_index(drop=True)[[*first, *(c for c in table if c not in first)]]
+
+
+def _prefixed(column: str, prefix: str) -> str:
+    return f"{prefix}_{column}" if column in ("mean", "std", "n", "se") else column
+
+
+def _verdicts(table: pd.DataFrame) -> pd.DataFrame:
+    """HACPO against GSPO and GSPO×2 per (experiment, agent, metric), from the means (stds shown)."""
+    rows = []
+    for (exp, agent), group in table.groupby(["experiment", "agent"], sort=False):
+        by_method = group.set_index("method")
+        if "hacpo" not in by_method.index:
+            continue
+        mine = by_method.loc["hacpo"]
+        for baseline, claim in CLAIMS:
+            if baseline not in by_method.index:
+                continue
+            other = by_method.loc[baseline]
+            for metric, prefix in (("greedy_acc", "greedy"), (mine["avgk"], "avgk")):
+                if not metric or f"{prefix}_mean" not in group or pd.isna(mine[f"{prefix}_mean"]):
+                    continue
+                delta = mine[f"{prefix}_mean"] - other[f"{prefix}_mean"]
+                se = math.hypot(mine[f"{prefix}_se"], other[f"{prefix}_se"])
+                ratio = mine["generated"] / other["generated"] if other["generated"] else math.nan
+                rows.append(
+                    {
+                        "experiment": exp, "agent": agent, "metric": metric, "claim": claim,
+                        "hacpo_mean": mine[f"{prefix}_mean"], "hacpo_std": mine[f"{prefix}_std"],
+                        "hacpo_n": mine["n"], "other": baseline, "other_mean": other[f"{prefix}_mean"],
+                        "other_std": other[f"{prefix}_std"], "other_n": other["n"], "delta": delta,
+                        "delta_se": se, "holds": bool(delta >= -1e-9), "resolved": bool(abs(delta) > 2 * se),
+                        "rollout_ratio": ratio,
+                    }
+                )  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def tokens_vs_bytes(run_dirs: Iterable[Path | str] | Path | str) -> pd.DataFrame:
+    """HACPO with token- vs byte-normalized cross ratios, per pair, normalization and learner.
+
+    The in-band fraction (``is/<learner>/<source>/in_range_frac``: cross samples inside [lb, 1], those that
+    give gradient) is averaged over each run's steps, then mean ± std over seeds; beside it the learner's
+    final greedy and avg@k accuracy (mean ± std over seeds). Runs of ``hacpo`` count as ``tokens``, runs of
+    ``hacpo-bytes`` as ``bytes``.
+
+    Returns:
+        Columns ``experiment, normalization, learner, source, in_band_mean, in_band_std, n, greedy_mean,
+        greedy_std`` and, when logged, ``avgk, avgk_mean, avgk_std``; empty without ``hacpo-bytes`` runs
+        or in-range metrics.
+    """
+    runs = select_runs(run_dirs).runs
+    names = {"hacpo": "tokens", "hacpo-bytes": "bytes"}
+    df = load_runs(runs)
+    if df.empty or "hacpo-bytes" not in set(df["algorithm"]):
+        return pd.DataFrame()
+    df = df[df["algorithm"].isin(list(names))]
+    long = df.melt(id_vars=["experiment", "algorithm", "run_dir", "step"], value_vars=_in_range_keys(df))
+    long = long.dropna(subset=["value"])
+    if long.empty:
+        return pd.DataFrame()
+    parts = long["variable"].str.split("/", expand=True)
+    long = long.assign(learner=parts[1], source=parts[2])
+    per_run = long.groupby(["experiment", "algorithm", "learner", "source", "run_dir"], sort=False)[
+        "value"
+    ].mean()
+    table = aggregate(per_run.reset_index(), ["experiment", "algorithm", "learner", "source"], se=None)
+    table = table.rename(columns={"mean": "in_band_mean", "std": "in_band_std"}).drop(columns="se")
+    evals = load_evals(sorted({Path(d) for d in df["run_dir"]}))
+    accuracy = _comparison(evals, df).rename(columns={"method": "algorithm", "agent": "learner"})
+    wanted = [c for c in ("greedy_mean", "greedy_std", "avgk", "avgk_mean", "avgk_std") if c in accuracy]
+    table = table.merge(accuracy[["experiment", "algorithm", "learner", *wanted]], how="left")
+    table.insert(1, "normalization", table.pop("algorithm").map(names))
+    return table.sort_values(["experiment", "learner", "normalization"], ascending=[True, True, False])
+
+
+def _in_range_keys(df: pd.DataFrame) -> list[str]:
+    return [
+        c for c in df.columns if c.startswith("is/") and c.endswith("/in_range_frac") and c.count("/") == 3
+    ]
+
+
+def write_summary(run_dirs: Iterable[Path | str] | Path | str, out_dir: str | Path) -> list[Path]:
+    """Write ``comparison.csv``, ``verdicts.csv``, ``excluded.csv``, ``tokens_vs_bytes.csv`` (when such runs
+    exist) and ``comparison.md`` under ``out_dir``; returns the paths written.
+
+    Raises:
+        ValueError: No finished run to summarize (the excluded ones are named).
+    """
+    out_dir = Path(out_dir)
+    selection = select_runs(run_dirs)
+    if not selection.runs:
+        reasons = (
+            selection.excluded[["run_dir", "reason"]].to_string(index=False)
+            if len(selection.excluded)
+            else ""
+        )
+        raise ValueError(f"no finished run to summarize in {run_dirs}; excluded:\n{reasons}")
+    evals, runs = load_evals(selection.runs), load_runs(selection.runs)
+    table = _comparison(evals, runs)
+    files = {
+        "comparison.csv": table,
+        "verdicts.csv": _verdicts(table),
+        "excluded.csv": selection.excluded,
+        "tokens_vs_bytes.csv": tokens_vs_bytes(selection.runs),
+    }
+    written = []
+    for name, frame in files.items():
+        if name == "tokens_vs_bytes.csv" and frame.empty:
+            (out_dir / name).unlink(missing_ok=True)  # no bytes runs this time: no stale file either
+            continue
+        path = out_dir / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, frame.round(6).to_csv(index=False))
+        written.append(path)
+    markdown = out_dir / "comparison.md"
+    atomic_write_text(markdown, render_results_section(out_dir))
+    log.info("wrote %s", ", ".join(str(p) for p in [*written, markdown]))
+    return [*written, markdown]
+
+
+# ---------------------------------------------------------------- Markdown
+
+
+def _cell(row: pd.Series, prefix: str) -> str:
+    n = int(row["n"]) if not pd.isna(row["n"]) else 0
+    return format_cell(row.get(f"{prefix}_mean", math.nan), row.get(f"{prefix}_std", math.nan), n)
+
+
+def _number(value: float, digits: int = 0) -> str:
+    return "—" if pd.isna(value) else f"{value:,.{digits}f}"
+
+
+def _pair_table(group: pd.DataFrame) -> list[str]:
+    avg = next((a for a in group["avgk"] if isinstance(a, str) and a), "")
+    head = [
+        "agent",
+        "method",
+        "greedy",
+        *([avg] if avg else []),
+        "n",
+        "rollouts generated",
+        "trained on",
+        "wall",
+    ]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for agent, rows in group.groupby("agent", sort=False):
+        first = rows.iloc[0]
+        start = ["initial", _cell(first, "initial_greedy")] + ([_cell(first, "initial_avgk")] if avg else [])
+        lines.append("| " + " | ".join([agent, *start, str(int(first["n"])), "", "", ""]) + " |")
+        for _, row in rows.iterrows():
+            cells = [_cell(row, "greedy"), *([_cell(row, "avgk")] if avg else []), str(int(row["n"]))]
+            cost = [_number(row["generated"]), _number(row["trained"]), _number(row["wall_s_mean"]) + " s"]
+            lines.append("| " + " | ".join(["", method_label(row["method"]), *cells, *cost]) + " |")
+    return lines
+
+
+def _verdict_line(v: pd.Series) -> str:
+    sign = "≥" if v["holds"] else "<"
+    metric = "greedy" if v["metric"] == "greedy_acc" else v["metric"]
+    base = method_label(v["other"])
+    mine = format_cell(v["hacpo_mean"], v["hacpo_std"], int(v["hacpo_n"]))
+    theirs = format_cell(v["other_mean"], v["other_std"], int(v["other_n"]))
+    noise = "resolved: |Δ| > 2 SE" if v["resolved"] else f"within noise: |Δ| ≤ 2 SE = {2 * v['delta_se']:.3f}"
+    if pd.isna(v["delta_se"]):
+        noise = "SE unknown"
+    ratio = "" if pd.isna(v["rollout_ratio"]) else f", at {v['rollout_ratio']:.2f}× {base}'s rollouts"
+    return (
+        f"- {v['agent']}, {metric}: HACPO {sign} {base} on the mean — {mine} vs {theirs} "
+        f"(Δ = {v['delta']:+.3f}, {noise}{ratio})"
+    )
+
+
+def render_results_section(summary_dir: str | Path) -> str:
+    """Markdown of the files :func:`write_summary` wrote: per pair a table, the verdicts, tokens vs bytes,
+    the excluded runs, and how the numbers are made (for README's Results section)."""
+    summary_dir = Path(summary_dir)
+    table = pd.read_csv(summary_dir / "comparison.csv", keep_default_na=False, na_values=[""])
+    verdicts = _read_optional(summary_dir / "verdicts.csv")
+    ns = sorted({int(n) for n in table["n"]})
+    seeds = f"{ns[0]} seed{'s' if ns[0] > 1 else ''}" if len(ns) == 1 else f"{ns[0]}–{ns[-1]} seeds"
+    lines = [
+        f"Generated by `workbench.lab.summary` from `{summary_dir.as_posix()}/` (do not edit by hand). "
+        f"Final held-out accuracy, mean ± std over {seeds} (n per row); rollouts and responses trained on "
+        "are per agent over the whole run, wall time per run (all agents).",
+    ]
+    if ns == [1]:
+        lines[0] += " **1 seed: a smoke test, not a result.**"
+    for exp, group in table.groupby("experiment", sort=False):
+        lines += ["", f"**{exp}**", "", *_pair_table(group)]
+        mine = verdicts[verdicts["experiment"] == exp] if len(verdicts) else verdicts
+        if len(mine):
+            lines += ["", *(_verdict_line(v) for _, v in mine.iterrows())]
+    bytes_table = _read_optional(summary_dir / "tokens_vs_bytes.csv")
+    if len(bytes_table):
+        lines += [
+            "",
+            "**Tokens vs bytes** (cross-sample ratio normalization; in-band: share of cross samples in "
+            "[lb, 1], averaged over steps, mean ± std over seeds)",
+            "",
+            "| pair | learner | source | normalization | in-band | greedy | n |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for _, r in bytes_table.iterrows():
+            n = int(r["n"])
+            lines.append(
+                f"| {r['experiment']} | {r['learner']} | {r['source']} | {r['normalization']} | "
+                f"{format_cell(r['in_band_mean'], r['in_band_std'], n)} | "
+                f"{format_cell(r.get('greedy_mean', math.nan), r.get('greedy_std', math.nan), n)} | {n} |"
+            )
+    excluded = _read_optional(summary_dir / "excluded.csv")
+    lines += ["", f"Excluded runs: {len(excluded) if len(excluded) else 'none'}."]
+    for _, r in excluded.iterrows():
+        lines.append(f"- `{Path(str(r['run_dir'])).name}` ({r['experiment']}, {r['method']}): {r['reason']}")
+    lines += [
+        "",
+        "Standard errors: binomial per run on the held-out items (for avg@k an upper bound), combined over "
+        "seeds as sqrt(std²/n + mean se²); a claim is *resolved* only when |Δ| > 2 SE of Δ, with SE of Δ = "
+        "sqrt(SE_HACPO² + SE_other²) (conservative: both are evaluated on the same items).",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _read_optional(path: Path) -> pd.DataFrame:
+    if not path.is_file() or not path.read_text(encoding="utf-8").strip():
+        return pd.DataFrame()
+    return pd.read_csv(path)
+
+
+def update_readme(readme: str | Path, summary_dir: str | Path) -> Path:
+    """Replace the text between ``<!-- results:start -->`` and ``<!-- results:end -->`` of ``readme`` with
+    :func:`render_results_section`.
+
+    Raises:
+        ValueError: The markers are missing or out of order.
+    """
+    readme = Path(readme)
+    text = readme.read_text(encoding="utf-8")
+    start, end = text.find(START), text.find(END)
+    if start < 0 or end < start:
+        raise ValueError(f"{readme}: needs {START} ... {END} (in this order) around the results section")
+    body = render_results_section(summary_dir)
+    atomic_write_text(readme, text[: start + len(START)] + "\n" + body + text[end:])
+    return readme
