@@ -3,10 +3,27 @@
 The spec → ``LoraConfig`` / ``BitsAndBytesConfig`` translations are tiny pure functions; the libraries are
 imported inside them, so importing this module stays cheap. `workbench.agents.loading.load_agent` resolves
 model strings (tiny presets, embedded models, paths, hub ids) and calls `build_agent`.
+
+Precision policy (``dtype: auto``, the default):
+
+| agent | weights | forward / backward | optimizer state |
+|---|---|---|---|
+| CPU, any | float32 | float32 (bf16 matmuls are ~20x slower on AVX2 CPUs) | float32 |
+| CUDA, full fine-tuning | float32 master weights | bf16 autocast (`precision`) | float32 |
+| CUDA, LoRA | bf16 base (frozen) | bf16 | float32 adapters (peft keeps adapters in fp32) |
+| CUDA, 4/8-bit LoRA | quantized base, bf16 compute | bf16 | float32 adapters |
+
+So no trained weight is ever stored in bf16: at the paper's lr 1e-6, an AdamW step on a bf16 weight is below
+bf16's resolution (2^-8 relative) and would round away. An explicit ``dtype: bfloat16`` / ``float16`` for full
+fine-tuning is honoured with a warning. The full fine-tuning KL reference is frozen, so on CUDA it is loaded
+in bf16 (half the memory). Whoever runs an agent's forward passes (the trainer's workers) enters
+`precision(agent)`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 import logging
 from pathlib import Path
@@ -20,9 +37,11 @@ from workbench.core import env
 
 __all__ = [
     "DEFAULT_MAX_NEW_TOKENS",
+    "autocast_dtype",
     "bnb_config",
     "build_agent",
     "lora_config",
+    "precision",
     "resolve_device",
     "resolve_dtype",
 ]
@@ -75,7 +94,8 @@ def _load_tokenizer(spec: AgentSpec, tok_source: str) -> Any:
 def _load_model(spec: AgentSpec, source: str, device: torch.device) -> Any:
     from transformers import AutoModelForCausalLM
 
-    kwargs: dict[str, Any] = {"dtype": resolve_dtype(spec.dtype, device)}
+    full_finetune = spec.lora is None
+    kwargs: dict[str, Any] = {"dtype": resolve_dtype(spec.dtype, device, full_finetune=full_finetune)}
     quant = bnb_config(spec.quantization, resolve_dtype(spec.compute_dtype, device))
     if quant is not None:
         if spec.quantization == "8bit":
@@ -138,11 +158,27 @@ def resolve_device(device: str) -> Any:
     return torch.device(device)
 
 
-def resolve_dtype(dtype: str, device: Any) -> Any:
-    """``auto`` -> float32 on CPU (bf16 matmuls are ~20x slower on AVX2 CPUs), bfloat16 on CUDA."""
+def resolve_dtype(dtype: str, device: Any, *, full_finetune: bool = False) -> Any:
+    """Weight (or compute) dtype of ``auto``: float32 on CPU; on CUDA bfloat16, except float32 master weights
+    when every weight is trained (``full_finetune``; the forward then runs under bf16 autocast)."""
     if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        return torch.bfloat16 if device.type == "cuda" and not full_finetune else torch.float32
     return getattr(torch, dtype)
+
+
+def autocast_dtype(spec: AgentSpec, device: Any) -> Any:
+    """bfloat16 for a fully fine-tuned agent on CUDA with ``dtype: auto`` (fp32 master weights), else None."""
+    if device.type == "cuda" and spec.lora is None and spec.dtype == "auto":
+        return torch.bfloat16
+    return None
+
+
+def precision(agent: Agent) -> contextlib.AbstractContextManager[Any]:
+    """The context every forward pass of ``agent`` runs in: bf16 autocast per `autocast_dtype`, else none."""
+    dtype = autocast_dtype(agent.spec, agent.device)
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=agent.device.type, dtype=dtype)
 
 
 def lora_config(lora: LoraSpec) -> Any:
@@ -189,8 +225,16 @@ def build_agent(spec: AgentSpec, source: str, tokenizer_source: str | None = Non
         AgentLoadError: An unloadable model or tokenizer (the message says how to fix it).
     """
     device = resolve_device(spec.device)
+    if spec.lora is None and spec.dtype in ("bfloat16", "float16"):
+        logger.warning(
+            "agent %s: full fine-tuning with %s weights: AdamW updates below %s's resolution round away "
+            "(at lr 1e-6 most of them); dtype: auto keeps float32 master weights with bf16 autocast on CUDA",
+            spec.display_name, spec.dtype, spec.dtype,
+        )  # fmt: skip
     tokenizer = _load_tokenizer(spec, tokenizer_source or source)
     model = _load_model(spec, source, device)
+    # the frozen KL reference of a full fine-tune never trains: on CUDA it can hold bf16 weights
+    ref_spec = dataclasses.replace(spec, dtype="bfloat16") if autocast_dtype(spec, device) else spec
     gen_cap = getattr(getattr(model, "generation_config", None), "max_new_tokens", None)
     agent = Agent(
         name=spec.display_name,
@@ -203,7 +247,7 @@ def build_agent(spec: AgentSpec, source: str, tokenizer_source: str | None = Non
         stop_token_ids=_stop_ids(tokenizer, model),
         max_new_tokens=spec.max_new_tokens or gen_cap or DEFAULT_MAX_NEW_TOKENS,
         source=source,
-        reference_loader=functools.partial(_load_model, spec, source, device),
+        reference_loader=functools.partial(_load_model, ref_spec, source, device),
     )
     n_train = sum(p.numel() for p in agent.trainable_parameters())
     logger.info(
