@@ -30,6 +30,7 @@ HEAVY_ALLOWED = {
     "altair": {"lab.plots"},
     "ipywidgets": {"lab.widgets"},
     "papermill": {"lab.runner"},
+    "ray": {"train.executors"},
 }
 """Where each heavy third-party package may be imported (a layer, or one ``layer.module``)."""
 

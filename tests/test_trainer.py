@@ -157,12 +157,12 @@ def test_non_finite_loss_stops_with_a_clear_error_and_keeps_the_checkpoint(tmp_p
 
 
 def test_bad_config_fails_before_any_model_loads(tmp_path, monkeypatch):
-    import workbench.train.trainer as trainer_module
+    import workbench.train.worker as worker_module
 
     def no_loading(*args, **kwargs):
         raise AssertionError("a model was loaded for an invalid config")
 
-    monkeypatch.setattr(trainer_module, "load_agent", no_loading)
+    monkeypatch.setattr(worker_module, "load_agent", no_loading)
     path = tmp_path / "bad.yaml"
     path.write_text(
         yaml.safe_dump({"agents": ["tiny:gpt2-char", "tiny:llama-bpe"], "output": {"root": str(tmp_path)}})

@@ -2,9 +2,9 @@
 
 `build_learner_batch` gathers, for learner k, every rollout it trains on (spec §9.8: self samples first, then
 each source in agent order, so the mini-batch index m of Eq. 14 is deterministic), looks up each sample's
-advantage by its `RolloutId` in ``advantages_L_P_A_G``, and attaches the HACPO cross coefficient ω^(source, k)
-(Eq. 10). Token views come from `workbench.agents.sharing.build_training_batch` (self samples keep their ids,
-cross samples are re-encoded from text).
+advantage by its `RolloutId` in the learner's ``advantages_P_A_G``, and attaches the HACPO cross
+coefficient ω^(source, k) (Eq. 10). Token views come from `workbench.agents.sharing.build_training_batch`
+(self samples keep their ids, cross samples are re-encoded from text).
 """
 
 from __future__ import annotations
@@ -59,36 +59,37 @@ class LearnerBatch:
 def build_learner_batch(
     agent: Agent,
     learner: int,
-    rollouts_A: list[list[Rollout]],
-    advantages_L_P_A_G: torch.Tensor,
+    own: list[Rollout],
+    cross: list[Rollout],
+    advantages_P_A_G: torch.Tensor,
     coef_A: torch.Tensor,
-    *,
-    share: bool,
 ) -> LearnerBatch:
-    """Learner ``learner``'s batch over its own rollouts and, with ``share``, every other agent's.
+    """Learner ``learner``'s batch over its own rollouts, then the other agents' (``cross``).
 
     Args:
         agent: The learner (its tokenizer re-encodes cross samples).
         learner: Its agent index k.
-        rollouts_A: Every agent's rollouts of this step (graded and scored).
-        advantages_L_P_A_G: ``[k, p, a, g]`` = learner k's advantage of rollout ``RolloutId(a, p, g)``.
+        own: Its own rollouts of this step, with their token ids.
+        cross: The other agents' rollouts it trains on (text and scalars; empty when nothing is shared),
+            grouped by author in agent order (the driver sends them so).
+        advantages_P_A_G: ``[p, a, g]`` = this learner's advantage of rollout ``RolloutId(a, p, g)``.
         coef_A: The loss coefficient of samples authored by each agent (ω^(a, k) for HACPO, else ones);
             the learner's own entry is ignored (self samples get 1).
-        share: Train on the other agents' rollouts too.
 
     Returns:
         The `LearnerBatch`.
     """
-    sources = [learner] + ([a for a in range(len(rollouts_A)) if a != learner] if share else [])
-    rollouts = [r for a in sources for r in rollouts_A[a]]
+    if any(r.author != learner for r in own) or any(r.author == learner for r in cross):
+        raise ValueError(
+            f"learner {learner}: own rollouts must be its own and cross rollouts another agent's"
+        )
+    rollouts = own + cross
     tokens, sharing_stats = build_training_batch(agent, rollouts, learner)
     return LearnerBatch(
         learner=learner,
         rollouts=rollouts,
         tokens=tokens,
-        advantages_B=torch.stack(
-            [advantages_L_P_A_G[learner, r.prompt_index, r.author, r.index] for r in rollouts]
-        ),
+        advantages_B=torch.stack([advantages_P_A_G[r.prompt_index, r.author, r.index] for r in rollouts]),
         is_self_B=torch.tensor([r.author == learner for r in rollouts]),
         cross_coef_B=torch.tensor(
             [1.0 if r.author == learner else coef_A[r.author].item() for r in rollouts]

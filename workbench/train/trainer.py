@@ -1,8 +1,11 @@
 """The collaborative trainer: one step reads like the paper's Algorithm 1 (spec §4, operational procedure).
 
-    roll out every agent → verify → score source log-probs → update capability →
-    per learner: build its batch (own samples first, shared samples re-encoded) → advantages →
+    every agent rolls out and scores its own samples once (old log-probs) → verify → update capability →
+    advantages → per learner: build its batch (own samples first, shared samples re-encoded from text) →
     mini-batch updates with the stepwise bound of each mini-batch → log
+
+The agents live in workers (`workbench.train.worker`) run in this process or in Ray actors
+(`workbench.train.executors`); this driver exchanges only text, rewards and scalars with them.
 
 Every place that departs from plain GSPO is marked ``# HACPO:``. Baselines and ablations are
 configurations (``workbench.config.ALGORITHMS`` and the ``hacpo`` section), never forked code.
@@ -10,43 +13,34 @@ configurations (``workbench.config.ALGORITHMS`` and the ``hacpo`` section), neve
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import logging
-import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from workbench.agents.agent import Agent
-from workbench.agents.loading import load_agent
-from workbench.agents.rollout import generate, score_rollouts
 from workbench.config.experiment import ExperimentConfig
 from workbench.core.advantages import capability_aware_advantages, group_advantages
 from workbench.core.capability import CapabilityTracker, capability_ratios
 from workbench.core.losses import LossParams
-from workbench.core.types import Rollout, RolloutId, TaskItem
+from workbench.core.types import RolloutId, TaskItem
 from workbench.tasks.prompts import build_prompt
 from workbench.tasks.rewards import grade_batch
 from workbench.tasks.sources import load_tasks
-from workbench.train.batches import LearnerBatch, build_learner_batch
 from workbench.train.checkpoint import (
     capture_rng_state,
     restore_rng_state,
     save_checkpoint,
 )
-from workbench.train.evaluate import evaluate
+from workbench.train.exchange import SharedRollout
+from workbench.train.executors import RayOptions, make_executor
 from workbench.train.rundir import RunWriter
-from workbench.train.update import (
-    LearnerUpdate,
-    TrainingError,
-    UpdateSettings,
-    learner_metrics,
-    update_learner,
-)
+from workbench.train.update import TrainingError, UpdateSettings
+from workbench.train.worker import WorkerSettings
 
 __all__ = ["Trainer", "TrainingError"]
 
@@ -54,16 +48,26 @@ log = logging.getLogger(__name__)
 
 
 class Trainer:
-    """Holds a run's agents, optimizers, capability tracker and writer; :meth:`fit` runs the steps.
+    """Holds a run's agent workers, capability tracker and writer; `workbench.train.run.fit` runs the steps.
+
+    Each agent lives in an `AgentWorker` (its model, optimizer and own token ids) run by an executor: in this
+    process (``executor: local``, the default) or in one Ray actor per agent (``executor: ray``), see
+    `workbench.train.executors`. The driver below sees text, rewards and scalars only.
 
     Args:
         cfg: A validated experiment config.
         run_dir: The run directory (created or resumed by :func:`train`).
         on_step: Called with each step's metric dict after it is logged (widgets, notebooks).
+        executor: ``local`` or ``ray``; None = the config's ``executor`` (default ``local``).
     """
 
     def __init__(
-        self, cfg: ExperimentConfig, run_dir: Path, on_step: Callable[[dict[str, Any]], None] | None = None
+        self,
+        cfg: ExperimentConfig,
+        run_dir: Path,
+        on_step: Callable[[dict[str, Any]], None] | None = None,
+        *,
+        executor: str | None = None,
     ) -> None:
         self.cfg = cfg
         self.algo = cfg.algo
@@ -72,14 +76,19 @@ class Trainer:
         self.on_step = on_step
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
-        self.agents: list[Agent] = [load_agent(spec) for spec in cfg.agents]
-        self.names = [agent.name for agent in self.agents]
-        self.optimizers = [
-            torch.optim.AdamW(a.trainable_parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
-            for a in self.agents
-        ]
+        self.names = [spec.display_name for spec in cfg.agents]
         h = cfg.hacpo
-        self.tracker = CapabilityTracker(len(self.agents), window=h.window, floor=h.capability_floor)
+        self.executor_kind = executor or getattr(cfg, "executor", "local")
+        self.executor = make_executor(
+            self.executor_kind,
+            [
+                {"spec": spec, "index": k, "names": self.names, "settings": _worker_settings(cfg)}
+                for k, spec in enumerate(cfg.agents)
+            ],
+            seed=cfg.seed,
+            ray_options=_ray_options(getattr(cfg, "ray", None)),
+        )
+        self.tracker = CapabilityTracker(len(self.names), window=h.window, floor=h.capability_floor)
         self.train_items: list[TaskItem] = load_tasks(
             cfg.task.source, split="train", n=cfg.task.train_size, seed=cfg.seed, **cfg.task.knobs
         )
@@ -92,46 +101,34 @@ class Trainer:
             if cfg.task.eval_size
             else []
         )
-        eps_low, eps_high = self.algo.clip or (h.eps_low, h.eps_high)
-        self.loss_params = LossParams(
-            eps_low=eps_low,
-            eps_high=eps_high,
-            alpha=h.alpha,
-            delta=h.delta,
-            delta_step=h.delta_step,
-            max_abs_log_ratio=h.max_abs_log_ratio,
-            clip_cross=h.clip_cross,
-        )
-        t = cfg.train
-        self.update_settings = UpdateSettings(
-            loss=self.algo.loss,
-            minibatch_size=t.minibatch_prompts * t.group_size,
-            micro_batch_size=t.micro_batch_size,
-            temperature=t.temperature,
-            kl_coef=t.kl_coef,
-            grad_clip=t.grad_clip,
-        )
         self.step = 0
         self.cost = {f"cost/{n}/{k}": 0.0 for n in self.names for k in _COST_KEYS}
+        self._orders: dict[int, list[int]] = {}
+
+    def close(self) -> None:
+        """Releases the workers (Ray actors end; in-process nothing to do)."""
+        self.executor.close()
 
     # ----------------------------------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
-        """Everything a resumed run needs to continue identically."""
+        """Everything a resumed run needs to continue identically (weights come from every worker)."""
         state: dict[str, Any] = {
             "trainer": {"step": self.step, "cost": dict(self.cost)},
             "tracker": self.tracker.state_dict(),
             "rng": capture_rng_state(),
         }
-        for i, (agent, opt) in enumerate(zip(self.agents, self.optimizers)):
-            state[f"agent_{i}"] = agent.trainable_state_dict()
-            state[f"optimizer_{i}"] = opt.state_dict()
+        for i, part in enumerate(self.executor.each("state_dict", [{} for _ in self.names])):
+            state[f"agent_{i}"] = part["agent"]
+            state[f"optimizer_{i}"] = part["optimizer"]
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore from :meth:`state_dict`."""
-        for i, (agent, opt) in enumerate(zip(self.agents, self.optimizers)):
-            agent.load_trainable_state_dict(state[f"agent_{i}"])
-            opt.load_state_dict(state[f"optimizer_{i}"])
+        parts = [
+            {"agent": state[f"agent_{i}"], "optimizer": state[f"optimizer_{i}"]}
+            for i in range(len(self.names))
+        ]
+        self.executor.each("load_state_dict", [{"state": part} for part in parts])
         self.tracker.load_state_dict(state["tracker"])
         self.step = int(state["trainer"]["step"])
         self.cost = dict(state["trainer"]["cost"])
@@ -148,34 +145,35 @@ class Trainer:
         """Greedy accuracy of every agent on the held-out split, appended to ``evals.csv``."""
         if not self.eval_items:
             return {}
-        t = self.cfg.train
+        t, task = self.cfg.train, self.cfg.task
+        kwargs = {
+            "items": self.eval_items,
+            "max_new_tokens": t.eval_max_new_tokens or t.max_new_tokens,
+            "benchmark": task.eval_source or task.source,
+            "instruction": task.instruction,
+            "method": task.reward,
+        }
         metrics, rows = {}, []
-        for agent in self.agents:
-            result = evaluate(
-                agent,
-                self.eval_items,
-                k=1,
-                greedy=True,
-                max_new_tokens=t.eval_max_new_tokens or t.max_new_tokens,
-                benchmark=self.cfg.task.eval_source or self.cfg.task.source,
-                instruction=self.cfg.task.instruction,
-                method=self.cfg.task.reward,
-                agent_name=agent.name,
-            )
-            rows += result.rows()
-            summary = result.summary
-            greedy = summary.loc[summary["metric"] == "greedy_acc", "value"]
-            metrics[f"eval/acc/{agent.name}"] = float(greedy.iloc[0]) if len(greedy) else math.nan
+        for name, (agent_rows, greedy_acc) in zip(
+            self.names, self.executor.each("evaluate", [kwargs] * len(self.names))
+        ):
+            rows += agent_rows
+            metrics[f"eval/acc/{name}"] = greedy_acc
         self.writer.append_evals(self.step, rows)
         return metrics
 
     # ------------------------------------------------------------------------------------ one step
-    @functools.lru_cache(maxsize=2)  # noqa: B019 (a Trainer lives as long as its run)
     def _epoch_order(self, epoch: int) -> list[int]:
-        """The seeded permutation of the training items for one epoch."""
-        order = list(range(len(self.train_items)))
-        random.Random(self.cfg.seed * 1_000_003 + epoch).shuffle(order)
-        return order
+        """The seeded permutation of the training items for one epoch (the last two are kept).
+
+        A per-instance cache: a method-level ``lru_cache`` would hold every Trainer alive, and with it its
+        models and Ray actors.
+        """
+        if epoch not in self._orders:
+            order = list(range(len(self.train_items)))
+            random.Random(self.cfg.seed * 1_000_003 + epoch).shuffle(order)
+            self._orders = {e: o for e, o in self._orders.items() if e == epoch - 1} | {epoch: order}
+        return self._orders[epoch]
 
     def _prompt_batch(self, step: int) -> list[TaskItem]:
         """Prompts of ``step``: epochs of seeded permutations, so a resumed run sees the same batches."""
@@ -187,37 +185,27 @@ class Trainer:
         """One HACPO step (Algorithm 1, spec §4); returns its flat metrics."""
         cfg, t, h, algo = self.cfg, self.cfg.train, self.cfg.hacpo, self.algo
         step = self.step + 1
-        A, P, G = len(self.agents), t.prompts_per_step, t.group_size * algo.group_multiplier
+        A, P, G = len(self.names), t.prompts_per_step, t.group_size * algo.group_multiplier
         metrics: dict[str, float] = {}
         t0 = time.perf_counter()
 
-        # 1. Every agent answers the same prompts, G responses each, with its current (= old) policy.
+        # 1. Every agent answers the same prompts, G responses each, with its current (= old) policy, and
+        #    scores them once before any update: its old log-likelihoods, shared with the other learners.
         items = self._prompt_batch(step)
         prompts = [build_prompt(item.question, cfg.task.instruction) for item in items]
-        rollouts_A = [
-            generate(
-                agent,
-                prompts,
-                n=G,
-                temperature=t.temperature,
-                top_p=t.top_p,
-                max_new_tokens=t.max_new_tokens,
-                author=a,
-                seed=cfg.seed * 1_000_003 + step * 101 + a,
-            )
-            for a, agent in enumerate(self.agents)
-        ]
+        reports = self.executor.each(
+            "rollout",
+            [{"prompts": prompts, "n": G, "seed": cfg.seed * 1_000_003 + step * 101 + a} for a in range(A)],
+        )
+        rollouts_A = [report.rollouts for report in reports]
 
-        # 2. Verify every response with the shared reward; the source's old log-likelihood, before any update.
+        # 2. Verify every response with the shared reward.
         flat = [r for rollouts in rollouts_A for r in rollouts]
         grades = grade_batch(
             [r.text for r in flat], [items[r.prompt_index].answer for r in flat], cfg.task.reward
         )
         for rollout, grade in zip(flat, grades):
             rollout.reward, rollout.grade_reason = grade.reward, grade.reason
-        if algo.share_rollouts:
-            for agent, rollouts in zip(self.agents, rollouts_A):
-                score_rollouts(agent, rollouts, temperature=t.temperature)
         rewards_P_A_G = torch.zeros(P, A, G)
         for r in flat:
             rewards_P_A_G[r.prompt_index, r.author, r.index] = r.reward
@@ -242,32 +230,34 @@ class Trainer:
         # 4. Advantages: capability-aware over the joint group when sharing, per agent group otherwise.
         advantages_L_P_A_G = self._advantages(rewards_P_A_G, omega_A_A, metrics)
 
-        # 5. Learners update one after another from the same pre-update rollouts (spec §4 step 6).
+        # 5. Learners update from the same pre-update rollouts (spec §4 step 6): one after another in-process,
+        #    in parallel under Ray. Each gets the others' samples as text (re-encoded by its own tokenizer).
         t1 = time.perf_counter()
-        samples: dict[tuple[RolloutId, int], dict[str, float]] = {}
         # HACPO: a cross sample's loss is scaled by ω^(source, learner) (Eq. 10); the −ω ablation keeps 1.
         use_coef = algo.loss == "hacpo" and h.omega_in_loss
-        for k, (agent, name) in enumerate(zip(self.agents, self.names)):
-            coef_A = omega_A_A[:, k] if use_coef else torch.ones(A)
-            batch = build_learner_batch(
-                agent, k, rollouts_A, advantages_L_P_A_G, coef_A, share=algo.share_rollouts
-            )
-            update = self._update(k, batch, step)
-            metrics |= learner_metrics(name, self.names, batch, update)
-            samples |= {
-                (r.id, k): {"advantage": a, "ratio": s, "lower_bound": lo, "upper_bound": hi}
-                for r, a, s, lo, hi in zip(
-                    batch.rollouts,
-                    batch.advantages_B.tolist(),
-                    update.ratio_B.tolist(),
-                    update.lower_B.tolist(),
-                    update.upper_B.tolist(),
-                )
-            }
+        updates = self._update(
+            [
+                {
+                    "cross": [r for a in range(A) if a != k for r in rollouts_A[a]]
+                    if algo.share_rollouts
+                    else [],
+                    "advantages_P_A_G": advantages_L_P_A_G[k].clone(),
+                    "coef_A": omega_A_A[:, k].clone() if use_coef else torch.ones(A),
+                    "where": f"step {step}, learner {name!r}",
+                }
+                for k, name in enumerate(self.names)
+            ]
+        )
+        samples: dict[tuple[RolloutId, int], dict[str, float]] = {}
+        for k, update in enumerate(updates):
+            metrics |= update.metrics
+            samples |= {(rollout_id, k): row for rollout_id, row in update.samples.items()}
         t_update = time.perf_counter() - t1
 
         self._accumulate_cost(metrics)
         metrics["time/rollout_s"] = t_rollout
+        metrics["time/generate_s"] = sum(report.generate_s for report in reports)
+        metrics["time/score_s"] = sum(report.score_s for report in reports)
         metrics["time/update_s"] = t_update
         metrics["time/step_s"] = time.perf_counter() - t0
         self.step = step
@@ -302,17 +292,10 @@ class Trainer:
         metrics["adv/uniform_group_frac"] = adv_metrics["uniform_group_frac"]
         return advantages
 
-    def _update(self, k: int, batch: LearnerBatch, step: int) -> LearnerUpdate:
-        """Learner k's mini-batch updates; a non-finite loss names the step, learner and checkpoint kept."""
+    def _update(self, kwargs_L: list[dict[str, Any]]) -> list[Any]:
+        """Every learner's updates; a non-finite loss names the step, the learner and the checkpoint kept."""
         try:
-            return update_learner(
-                self.agents[k],
-                self.optimizers[k],
-                batch,
-                self.loss_params,
-                self.update_settings,
-                where=f"step {step}, learner {self.names[k]!r}",
-            )
+            return self.executor.each("update", kwargs_L)
         except TrainingError as exc:
             raise TrainingError(
                 f"{exc}; the last good checkpoint in {self.run_dir / 'checkpoints'} is kept"
@@ -320,13 +303,13 @@ class Trainer:
 
     def _sample_rows(
         self,
-        flat: list[Rollout],
+        flat: list[SharedRollout],
         items: list[TaskItem],
         samples: dict[tuple[RolloutId, int], dict[str, float]],
     ) -> list[dict[str, Any]]:
         """A few rollouts of the first prompts, with reward and each learner's advantage, ratio and bounds."""
         rows = []
-        first_prompts = max(1, self.cfg.train.samples_per_step // len(self.agents))
+        first_prompts = max(1, self.cfg.train.samples_per_step // len(self.names))
         for rollout in flat:
             if rollout.prompt_index >= first_prompts:
                 continue
@@ -354,7 +337,44 @@ class Trainer:
                 self.cost[key] = self.cost.get(key, 0.0) + metrics[key]
                 metrics[key] = self.cost[key]
 
-    # ------------------------------------------------------------------------------------ the loop
+
+def _worker_settings(cfg: ExperimentConfig) -> WorkerSettings:
+    """What every worker needs from the config: optimizer, update and loss scalars, sampling caps."""
+    h, t = cfg.hacpo, cfg.train
+    eps_low, eps_high = cfg.algo.clip or (h.eps_low, h.eps_high)
+    return WorkerSettings(
+        update=UpdateSettings(
+            loss=cfg.algo.loss,
+            minibatch_size=t.minibatch_prompts * t.group_size,
+            micro_batch_size=t.micro_batch_size,
+            temperature=t.temperature,
+            kl_coef=t.kl_coef,
+            grad_clip=t.grad_clip,
+        ),
+        loss=LossParams(
+            eps_low=eps_low,
+            eps_high=eps_high,
+            alpha=h.alpha,
+            delta=h.delta,
+            delta_step=h.delta_step,
+            max_abs_log_ratio=h.max_abs_log_ratio,
+            clip_cross=h.clip_cross,
+        ),
+        lr=t.lr,
+        weight_decay=t.weight_decay,
+        top_p=t.top_p,
+        max_new_tokens=t.max_new_tokens,
+    )
+
+
+def _ray_options(section: Any) -> RayOptions:
+    """`RayOptions` from the config's ``ray`` section (a dataclass or mapping; absent = defaults)."""
+    if section is None:
+        return RayOptions()
+    known = {f.name for f in dataclasses.fields(RayOptions)}
+    if isinstance(section, Mapping):
+        return RayOptions(**{k: v for k, v in section.items() if k in known})
+    return RayOptions(**{k: getattr(section, k) for k in known if hasattr(section, k)})
 
 
 _COST_KEYS = ("generated_responses", "generated_tokens", "trained_responses", "trained_tokens", "updates")

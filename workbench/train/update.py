@@ -1,5 +1,10 @@
 """One learner's mini-batch updates (Algorithm 1, lines 16-17) and the per-step metrics they produce.
 
+`score_self` is the learner's only no-grad pass of a step: over its own rollouts, before any update, in the
+update's micro-batches (`plan_micro_batches`). It gives the old log-likelihoods the author shares and the
+learner's own old (and KL reference) log-probs; cross samples need no pass of the learner, since their old
+log-prob is the source's (Eq. 11). Nothing is computed twice, nothing is thrown away.
+
 `update_learner` splits a `LearnerBatch` into mini-batches (one optimizer step each; mini-batch m gets the
 stepwise bound of m, Eq. 14) and micro-batches (gradient accumulation, a memory knob only). Every registered
 policy loss is called the same way, ``loss(PolicyBatch, LossParams)``, so the loop never branches on the
@@ -8,6 +13,7 @@ method; the per-sample `SampleStats` it returns are aggregated once, by `learner
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import torch
@@ -19,7 +25,16 @@ from workbench.core import losses
 from workbench.core.losses import LossParams, PolicyBatch, low_var_kl, masked_mean_logp
 from workbench.train.batches import LearnerBatch
 
-__all__ = ["LearnerUpdate", "TrainingError", "UpdateSettings", "learner_metrics", "update_learner"]
+__all__ = [
+    "LearnerUpdate",
+    "SelfScores",
+    "TrainingError",
+    "UpdateSettings",
+    "learner_metrics",
+    "plan_micro_batches",
+    "score_self",
+    "update_learner",
+]
 
 
 class TrainingError(RuntimeError):
@@ -46,12 +61,40 @@ class UpdateSettings:
 
 @dataclass
 class _Micro:
-    """One micro-batch: its rows, token view, and the no-grad passes made before any update."""
+    """One micro-batch of the learner's own rows, with the no-grad passes made before any update.
 
-    rows: torch.Tensor
+    Attributes:
+        rows: Its rows in the learner's batch (self samples come first, so they are rows 0..n_self-1).
+        view: Its token view (trailing padding dropped).
+        old_logp_B_T: The learner's old token log-probs, on its device.
+        ref_logp_B_T: The KL reference's token log-probs (None without KL).
+    """
+
+    rows: range
     view: TokenBatch
     old_logp_B_T: torch.Tensor
     ref_logp_B_T: torch.Tensor | None
+
+
+@dataclass
+class SelfScores:
+    """The learner's one no-grad pass over its own rollouts, made before any update of the step.
+
+    It serves twice: its per-row sums are the old log-likelihoods the author shares with the other learners
+    (spec §3(c)), and its token log-probs are the learner's own old policy in the update, computed in the
+    update's exact micro-batches, so an on-policy self sample has s = 1 exactly in the first mini-batch.
+
+    Attributes:
+        micros: The self micro-batches in update order.
+        old_logp_mean_B: Per-row mean old log-prob (float32, on the learner's device).
+        old_logp_sum: Per-row sum of the old token log-probs (float64 on CPU, as Python floats).
+        old_logp_count: Per-row number of response tokens.
+    """
+
+    micros: list[_Micro]
+    old_logp_mean_B: torch.Tensor
+    old_logp_sum: list[float]
+    old_logp_count: list[int]
 
 
 @dataclass
@@ -68,39 +111,80 @@ class LearnerUpdate:
     n_updates: int = 0
 
 
-def _micro_batches(
-    agent: Agent, batch: LearnerBatch, settings: UpdateSettings
-) -> tuple[list[list[_Micro]], torch.Tensor]:
-    """Mini-batches of micro-batches with old and reference log-probs, and the old means of every row.
+def plan_micro_batches(n_self: int, n: int, minibatch_size: int, micro_batch_size: int) -> list[list[range]]:
+    """Row ranges of each mini-batch's micro-batches; none mixes self rows (< n_self) and cross rows.
 
-    The old (self) and reference token log-probs are computed before any update, in the exact micro-batches
-    of the update: an on-policy self sample then has s = 1 exactly in the first mini-batch.
+    Mini-batch m holds rows ``[m·minibatch_size, (m+1)·minibatch_size)`` (the stepwise bound of Eq. 14 counts
+    them); within it, micro-batches of ``micro_batch_size`` rows start afresh at the self/cross boundary, so
+    the learner's own rows are scored and trained in identical micro-batches whatever follows them.
+
+    >>> plan_micro_batches(3, 8, 4, 2)
+    [[range(0, 2), range(2, 3), range(3, 4)], [range(4, 6), range(6, 8)]]
     """
-    minibatches: list[list[_Micro]] = []
-    old_mean_B = batch.old_logp_mean_B.clone()
+    plan = []
+    for start in range(0, n, minibatch_size):
+        stop = min(start + minibatch_size, n)
+        cuts = [start] + ([n_self] if start < n_self < stop else []) + [stop]
+        plan.append(
+            [
+                range(first, min(first + micro_batch_size, end))
+                for begin, end in itertools.pairwise(cuts)
+                for first in range(begin, end, micro_batch_size)
+            ]
+        )
+    return plan
+
+
+def score_self(agent: Agent, tokens: TokenBatch, settings: UpdateSettings) -> SelfScores:
+    """The learner's old (and reference) log-probs of its own rollouts, in the update's micro-batches.
+
+    Args:
+        agent: The learner, before any update of the step.
+        tokens: Its own rollouts' token view (`workbench.agents.tokens.self_token_batch`), in batch order.
+        settings: Mini-batch and micro-batch sizes, temperature, KL coefficient.
+
+    Returns:
+        The `SelfScores`.
+    """
+    n = len(tokens)
+    micros, means, sums, counts = [], [], [], []
     agent.model.eval()
     with torch.no_grad():
-        for start in range(0, len(batch), settings.minibatch_size):
-            stop = min(start + settings.minibatch_size, len(batch))
-            micros = []
-            for first in range(start, stop, settings.micro_batch_size):
-                rows = torch.arange(first, min(first + settings.micro_batch_size, stop))
-                view = batch.tokens.select(rows)
-                old_logp_B_T, mask_B_T = token_logprobs(agent, view, temperature=settings.temperature)
-                ref = None
-                if settings.kl_coef > 0 and batch.is_self_B[rows].any():
-                    ref, _ = reference_token_logprobs(agent, view, temperature=settings.temperature)
-                self_mean_B = masked_mean_logp(old_logp_B_T, mask_B_T)
-                old_mean_B[rows] = torch.where(batch.is_self_B[rows], self_mean_B, old_mean_B[rows])
-                micros.append(_Micro(rows, view, old_logp_B_T, ref))
-            minibatches.append(micros)
-    return minibatches, old_mean_B
+        plan = plan_micro_batches(n, n, settings.minibatch_size, settings.micro_batch_size)
+        for rows in (rows for micro_rows in plan for rows in micro_rows):
+            view = tokens.select(rows)
+            old_logp_B_T, mask_B_T = token_logprobs(agent, view, temperature=settings.temperature)
+            ref = None
+            if settings.kl_coef > 0:
+                ref, _ = reference_token_logprobs(agent, view, temperature=settings.temperature)
+            micros.append(_Micro(rows, view, old_logp_B_T, ref))
+            means.append(masked_mean_logp(old_logp_B_T, mask_B_T))
+            for logp_T, m_T in zip(old_logp_B_T.cpu(), mask_B_T.cpu()):
+                values_T = logp_T[m_T.bool()]
+                sums.append(float(values_T.double().sum()))
+                counts.append(int(values_T.numel()))
+    old_mean_B = torch.cat(means) if means else torch.zeros(0, device=agent.device)
+    return SelfScores(micros, old_mean_B, sums, counts)
+
+
+def _on_device(batch: LearnerBatch, scores: SelfScores, device: torch.device) -> dict[str, torch.Tensor]:
+    """The batch's per-sample tensors on the learner's device, self rows' old means from ``scores``."""
+    n_self = len(scores.old_logp_mean_B)
+    old_mean_B = batch.old_logp_mean_B.to(device, copy=True)  # cross rows: the source's own old means
+    old_mean_B[:n_self] = scores.old_logp_mean_B.to(device)
+    return {
+        "old_logp_mean_B": old_mean_B,
+        "advantages_B": batch.advantages_B.to(device),
+        "is_self_B": batch.is_self_B.to(device),
+        "cross_coef_B": batch.cross_coef_B.to(device),
+    }
 
 
 def update_learner(
     agent: Agent,
     optimizer: torch.optim.Optimizer,
     batch: LearnerBatch,
+    scores: SelfScores,
     params: LossParams,
     settings: UpdateSettings,
     *,
@@ -111,7 +195,8 @@ def update_learner(
     Args:
         agent: The learner.
         optimizer: Its optimizer.
-        batch: Its batch (self samples first).
+        batch: Its batch (self samples first, on CPU).
+        scores: `score_self` of its own rollouts with the same settings, before any update of the step.
         params: The loss scalars.
         settings: Mini-batch sizes, temperature, KL and gradient clip.
         where: Named in the error of a non-finite loss (``"step 3, learner 'gpt2-char'"``).
@@ -121,33 +206,45 @@ def update_learner(
 
     Raises:
         TrainingError: A non-finite loss (nothing of this mini-batch is applied).
+        ValueError: A token-level loss on a batch with cross samples (it needs the learner's old token
+            log-probs, which cross samples do not have).
     """
     loss_fn = losses.get_policy_loss(settings.loss)
-    device = agent.device
-    minibatches, old_mean_B = _micro_batches(agent, batch, settings)
-    n = len(batch)
-    out = LearnerUpdate(*(torch.zeros(n) for _ in range(4)), n_updates=len(minibatches))
-    for m, micros in enumerate(minibatches):
+    n, n_self = len(batch), len(scores.old_logp_mean_B)
+    if settings.loss in losses.TOKEN_LEVEL_LOSSES and n_self < n:
+        raise ValueError(f"the token-level loss {settings.loss!r} cannot train on other agents' samples")
+    own = {(m.rows.start, m.rows.stop): m for m in scores.micros}
+    plan = plan_micro_batches(n_self, n, settings.minibatch_size, settings.micro_batch_size)
+    sample_B = _on_device(batch, scores, agent.device)
+    out = LearnerUpdate(*(torch.zeros(n) for _ in range(4)), n_updates=len(plan))
+    for m, micro_rows in enumerate(plan):
         optimizer.zero_grad(set_to_none=True)
-        mb_len = sum(len(micro.rows) for micro in micros)
-        for micro in micros:
-            rows = micro.rows
-            logp_B_T, mask_B_T = token_logprobs(agent, micro.view, temperature=settings.temperature)
+        mb_len = sum(len(rows) for rows in micro_rows)
+        for rows in micro_rows:
+            cached = own.get((rows.start, rows.stop))
+            if rows.start < n_self and cached is None:
+                raise RuntimeError(
+                    f"self rows {rows} were not scored in this micro-batch (score_self settings)"
+                )
+            # HACPO: cross rows skip the learner's no-grad pass: their old log-prob is the source's (Eq. 11).
+            view = cached.view if cached is not None else batch.tokens.select(rows)
+            logp_B_T, mask_B_T = token_logprobs(agent, view, temperature=settings.temperature)
+            part = slice(rows.start, rows.stop)
             policy_batch = PolicyBatch(
                 logp_B_T=logp_B_T,
                 mask_B_T=mask_B_T,
-                old_logp_mean_B=old_mean_B[rows].to(device),
-                advantages_B=batch.advantages_B[rows].to(device),
-                is_self_B=batch.is_self_B[rows].to(device),
-                cross_coef_B=batch.cross_coef_B[rows].to(device),
+                old_logp_mean_B=sample_B["old_logp_mean_B"][part],
+                advantages_B=sample_B["advantages_B"][part],
+                is_self_B=sample_B["is_self_B"][part],
+                cross_coef_B=sample_B["cross_coef_B"][part],
                 minibatch_index=m,
-                old_logp_B_T=micro.old_logp_B_T,
+                old_logp_B_T=cached.old_logp_B_T if cached is not None else None,
             )
             loss, stats = loss_fn(policy_batch, params)
             total = loss
-            if micro.ref_logp_B_T is not None:
+            if cached is not None and cached.ref_logp_B_T is not None:
                 # KL to the reference on self samples only (the authors' code, spec §9.9).
-                kl_B = low_var_kl(logp_B_T, micro.ref_logp_B_T, mask_B_T)
+                kl_B = low_var_kl(logp_B_T, cached.ref_logp_B_T, mask_B_T)
                 kl = (kl_B * policy_batch.is_self_B).sum() / len(rows)
                 total = total + settings.kl_coef * kl
                 out.kls.append(kl.item())
@@ -156,7 +253,7 @@ def update_learner(
             (total * len(rows) / mb_len).backward()
             out.losses.append(loss.item())
             for name in ("ratio_B", "lower_B", "upper_B", "clipped_B"):
-                getattr(out, name)[rows] = getattr(stats, name).float().cpu()
+                getattr(out, name)[part] = getattr(stats, name).float().cpu()
         params_ = agent.trainable_parameters()
         out.grad_norms.append(torch.nn.utils.clip_grad_norm_(params_, settings.grad_clip).item())
         optimizer.step()

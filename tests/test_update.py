@@ -1,0 +1,206 @@
+"""A learner's update and its worker: micro-batch plan, the one no-grad pass, devices, engine interface."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from workbench.agents.loading import load_agent
+from workbench.agents.rollout import generate, score_rollouts
+from workbench.agents.tokens import self_token_batch
+from workbench.config.agent_spec import AgentSpec
+from workbench.core import losses
+from workbench.core.losses import LossParams, PolicyBatch
+from workbench.core.types import Rollout
+from workbench.train import update as update_module
+from workbench.train.batches import build_learner_batch
+from workbench.train.exchange import as_cross_rollout, share
+from workbench.train.update import UpdateSettings, plan_micro_batches, score_self, update_learner
+from workbench.train.worker import AgentWorker, WorkerSettings
+
+PROMPTS = ["2+3", "4*2", "7-5"]
+SETTINGS = UpdateSettings(
+    loss="hacpo", minibatch_size=6, micro_batch_size=4, temperature=1.0, kl_coef=0.001, grad_clip=1.0
+)
+
+
+def _worker_settings(**update):
+    return WorkerSettings(
+        update=dataclasses.replace(SETTINGS, **update),
+        loss=LossParams(),
+        lr=1e-3,
+        weight_decay=0.0,
+        top_p=1.0,
+        max_new_tokens=8,
+    )
+
+
+def test_micro_batch_plan_never_mixes_self_and_cross_rows():
+    assert plan_micro_batches(6, 12, 6, 4) == [[range(0, 4), range(4, 6)], [range(6, 10), range(10, 12)]]
+    assert plan_micro_batches(3, 8, 4, 2) == [
+        [range(0, 2), range(2, 3), range(3, 4)],
+        [range(4, 6), range(6, 8)],
+    ]
+    for n_self, n, mb, micro in [(5, 13, 4, 3), (0, 7, 3, 2), (7, 7, 4, 8), (16, 48, 8, 128)]:
+        plan = plan_micro_batches(n_self, n, mb, micro)
+        rows = [r for micros in plan for rows in micros for r in rows]
+        assert rows == list(range(n))  # every row once, in order
+        assert [sum(map(len, micros)) for micros in plan] == [min(mb, n - s) for s in range(0, n, mb)]
+        assert all(r.stop <= n_self or r.start >= n_self for micros in plan for r in micros)
+        assert all(len(r) <= micro for micros in plan for r in micros)
+
+
+@pytest.fixture
+def pair(char_agent_dir, bpe_agent):
+    """A char learner (own copy: it trains) with its own scored rollouts and the BPE agent's as text."""
+    learner = load_agent(str(char_agent_dir))
+    own = generate(learner, PROMPTS, n=2, seed=0, max_new_tokens=8, author=0)
+    other = generate(bpe_agent, PROMPTS, n=2, seed=1, max_new_tokens=8, author=1)
+    score_rollouts(bpe_agent, other)
+    cross = [as_cross_rollout(share(r)) for r in other]
+    advantages_P_A_G = torch.linspace(-1, 1, len(PROMPTS) * 2 * 2).reshape(len(PROMPTS), 2, 2)
+    return learner, own, cross, advantages_P_A_G
+
+
+def test_one_no_grad_pass_over_own_rows_only_and_self_ratio_exactly_one(pair, monkeypatch):
+    learner, own, cross, advantages_P_A_G = pair
+    seen = {"no_grad_rows": 0, "grad_rows": 0}
+    real = update_module.token_logprobs
+
+    def counting(agent, view, *, temperature=1.0):
+        seen["grad_rows" if torch.is_grad_enabled() else "no_grad_rows"] += len(view)
+        return real(agent, view, temperature=temperature)
+
+    monkeypatch.setattr(update_module, "token_logprobs", counting)
+    scores = score_self(learner, self_token_batch(own, learner.pad_token_id), SETTINGS)
+    batch = build_learner_batch(learner, 0, own, cross, advantages_P_A_G, torch.tensor([1.0, 2.0]))
+    optimizer = torch.optim.AdamW(learner.trainable_parameters(), lr=1e-3)
+    out = update_learner(learner, optimizer, batch, scores, LossParams(), SETTINGS)
+    # the learner's no-grad pass saw its own rows once; every row was trained once; cross rows never no-grad
+    assert seen == {"no_grad_rows": len(own), "grad_rows": len(own) + len(cross)}
+    # its sums are the author's shared old log-likelihoods: what score_rollouts computes, same weights
+    reference = [dataclasses.replace(r) for r in own]
+    score_rollouts(load_agent(str(learner.source)), reference)
+    assert scores.old_logp_sum == pytest.approx([r.old_logp_sum for r in reference], abs=1e-4)
+    assert scores.old_logp_count == [r.old_logp_count for r in reference]
+    # on-policy self samples of the first mini-batch: s = 1 bit-exactly (scored in the same micro-batches)
+    assert torch.equal(out.ratio_B[: SETTINGS.minibatch_size], torch.ones(SETTINGS.minibatch_size))
+    assert out.n_updates == 2 and len(out.kls) == 2  # KL on the two self micro-batches only
+
+
+class _ReachedError(Exception):
+    """Raised by a spy once it has checked what it was given."""
+
+
+def _tensors(obj) -> dict[str, torch.Tensor]:
+    return {
+        f.name: getattr(obj, f.name) for f in dataclasses.fields(obj) if torch.is_tensor(getattr(obj, f.name))
+    }
+
+
+@pytest.mark.parametrize("rows", ["self", "cross"])
+def test_every_tensor_a_loss_receives_sits_on_the_learner_device(pair, monkeypatch, rows):
+    """The batch is built on CPU while the learner "sits" on the meta device.
+
+    Torch refuses to mix meta and CPU tensors in one op just as it refuses CUDA and CPU (0-dim CPU scalars
+    aside), so a batch tensor that is not moved to the learner's device fails here as on a GPU, where the
+    first HACPO step used to fail at a ``torch.where`` mixing CPU flags with CUDA log-probs (issue 12).
+    Meta tensors hold no values, so each case stops at its spy: the loss (cross rows) or the KL (self rows).
+    """
+    learner, own, cross, advantages_P_A_G = pair
+    if rows == "cross":
+        own = []
+    scores = score_self(learner, self_token_batch(own, learner.pad_token_id), SETTINGS) if own else None
+    batch = build_learner_batch(learner, 0, own, cross, advantages_P_A_G, torch.tensor([1.0, 2.0]))
+    meta = torch.device("meta")
+    if scores is None:
+        scores = update_module.SelfScores([], torch.zeros(0, device=meta), [], [])
+    # what score_self returns on a GPU: the learner's old and reference log-probs on its device
+    scores.old_logp_mean_B = scores.old_logp_mean_B.to(meta)
+    for micro in scores.micros:
+        micro.old_logp_B_T, micro.ref_logp_B_T = micro.old_logp_B_T.to(meta), micro.ref_logp_B_T.to(meta)
+    learner.device = meta
+
+    def meta_logprobs(agent, view, *, temperature=1.0):
+        assert agent.device == meta
+        B, T = view.input_ids_B_T.shape
+        logp_B_T = torch.zeros(B, T - 1, device=meta, requires_grad=True)
+        return logp_B_T, view.response_mask_B_T[:, 1:].to(meta)
+
+    received: list[dict[str, torch.device]] = []
+
+    def spy_loss(policy_batch: PolicyBatch, params: LossParams):
+        received.append({k: v.device for k, v in _tensors(policy_batch).items()})
+        if rows == "cross":
+            raise _ReachedError
+        return losses.hacpo_policy_loss(policy_batch, params)
+
+    def spy_kl(logp_B_T, ref_logp_B_T, mask_B_T, clamp=10.0):
+        received.append({"kl": ref_logp_B_T.device, "logp": logp_B_T.device, "mask": mask_B_T.device})
+        raise _ReachedError
+
+    monkeypatch.setattr(update_module, "token_logprobs", meta_logprobs)
+    monkeypatch.setitem(losses.POLICY_LOSSES, "hacpo", spy_loss)
+    monkeypatch.setattr(update_module, "low_var_kl", spy_kl)
+    optimizer = torch.optim.AdamW(learner.trainable_parameters(), lr=1e-3)
+    with pytest.raises(_ReachedError):
+        update_learner(learner, optimizer, batch, scores, LossParams(), SETTINGS)
+    assert received and all(device == meta for seen in received for device in seen.values()), received
+    assert {"old_logp_mean_B", "advantages_B", "is_self_B", "cross_coef_B", "logp_B_T"} <= set(received[0])
+
+
+class ScriptedEngine:
+    """A stand-in for an external engine: answers every prompt with fixed texts in the agent's tokens."""
+
+    def __init__(self, agent):
+        self.agent, self.synced = agent, 0
+
+    def generate(self, prompts, n, *, temperature, top_p, max_new_tokens, author, seed):
+        out = []
+        for p, prompt in enumerate(prompts):
+            prompt_ids = self.agent.encode_prompt(prompt)
+            for g in range(n):
+                text = str(p + g)
+                body = self.agent.tokenizer.encode(text, add_special_tokens=False)
+                out.append(
+                    Rollout(p, author, g, prompt, text, prompt_ids, [*body, self.agent.eos_token_id], "eos")
+                )
+        return out
+
+    def sync(self):
+        self.synced += 1
+
+
+def test_an_engine_plugs_into_the_worker_and_its_samples_are_rescored_by_the_model(char_agent_dir):
+    worker = AgentWorker(
+        AgentSpec(str(char_agent_dir), name="char"), 0, ["char"], _worker_settings(), engine=ScriptedEngine
+    )
+    report = worker.rollout(PROMPTS, n=2, seed=0)
+    assert [r.text for r in report.rollouts] == ["0", "1", "1", "2", "2", "3"]
+    # old log-likelihoods come from the trained model, never from the engine
+    direct = [dataclasses.replace(r) for r in worker._own]
+    score_rollouts(load_agent(str(char_agent_dir)), direct)
+    assert [r.old_logp_sum for r in report.rollouts] == pytest.approx(
+        [r.old_logp_sum for r in direct], abs=1e-4
+    )
+    advantages_P_A_G = torch.linspace(-1, 1, len(PROMPTS) * 2).reshape(len(PROMPTS), 1, 2)
+    result = worker.update([], advantages_P_A_G, torch.ones(1), where="test")
+    assert worker.engine.synced == 1 and result.metrics["is/char/char/ratio_mean"] == pytest.approx(
+        1.0, abs=1e-3
+    )
+    with pytest.raises(RuntimeError, match="update before rollout"):
+        worker.update([], advantages_P_A_G, torch.ones(1), where="test")
+
+
+def test_an_engine_that_breaks_the_contract_is_named(char_agent_dir):
+    class WrongPrompt(ScriptedEngine):
+        def generate(self, *args, **kwargs):
+            rollouts = super().generate(*args, **kwargs)
+            rollouts[3].prompt_ids = rollouts[3].prompt_ids[1:]
+            return rollouts
+
+    worker = AgentWorker(
+        AgentSpec(str(char_agent_dir), name="char"), 0, ["char"], _worker_settings(), engine=WrongPrompt
+    )
+    with pytest.raises(ValueError, match="rollout 3: prompt or prompt_ids"):
+        worker.rollout(PROMPTS, n=2, seed=0)

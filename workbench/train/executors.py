@@ -1,0 +1,185 @@
+"""Where the agents' workers run: in the trainer's process, one after another, or in Ray actors, in parallel.
+
+Both executors hold one `AgentWorker` per agent and answer one call, ``each(method, kwargs_A)``: call
+``method`` on every worker with its own keyword arguments and return the results in agent order. The trainer
+never knows which executor it has.
+
+| executor | workers | agents run | resources per agent |
+|---|---|---|---|
+| `LocalExecutor` (``local``, default) | in the trainer's process | one after another | the process's |
+| `RayExecutor` (``ray``) | one Ray actor each | in parallel | ``ray.cpus_per_agent`` CPUs (= torch |
+| | | | threads), a GPU when its device is CUDA |
+
+Placement under Ray: an agent whose ``device`` is ``cuda``, ``cuda:N`` or ``auto`` (on a cluster with GPUs)
+asks for ``ray.gpus_per_agent`` GPUs (default 1) and sees them as ``cuda`` inside its actor (Ray sets
+``CUDA_VISIBLE_DEVICES``), so ``cuda:1`` in a config means "a GPU", not "the second one"; a ``cpu`` agent asks
+for none. Ray places actors wherever the cluster has room: on one node with several GPUs each agent gets its
+own GPU; across nodes (``ray start --head`` / ``ray start --address``) an agent may land on any node that
+holds the same environment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from typing import Any
+
+from workbench.config.agent_spec import AgentSpec
+from workbench.train.worker import AgentWorker
+
+__all__ = ["EXECUTORS", "LocalExecutor", "RayExecutor", "RayOptions", "make_executor"]
+
+log = logging.getLogger(__name__)
+
+EXECUTORS = ("local", "ray")
+"""Valid values of the ``executor`` config field."""
+
+FORWARDED_ENV = (
+    "HACPO_CACHE",
+    "HACPO_TINY_WARM_STEPS",
+    "HACPO_DATA_DIR",
+    "HF_HOME",
+    "HF_HUB_OFFLINE",
+    "HF_DATASETS_OFFLINE",
+    "OMP_WAIT_POLICY",
+    "TRANSFORMERS_NO_ADVISORY_WARNINGS",
+)
+"""Environment variables of the driver that Ray actors get too (caches, offline switches, threads)."""
+
+
+class LocalExecutor:
+    """Every worker in this process; ``each`` calls them one after another (the default, bit-exact path)."""
+
+    def __init__(self, worker_kwargs: list[dict[str, Any]]) -> None:
+        self.workers = [AgentWorker(**kwargs) for kwargs in worker_kwargs]
+
+    def each(self, method: str, kwargs_A: list[dict[str, Any]]) -> list[Any]:
+        """``[getattr(worker_a, method)(**kwargs_A[a]) for every agent a]``."""
+        return [getattr(w, method)(**kw) for w, kw in zip(self.workers, kwargs_A, strict=True)]
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RayOptions:
+    """How the Ray executor connects and what each agent's actor asks for."""
+
+    address: str | None = None
+    """None: join ``$RAY_ADDRESS`` if set, else start a local Ray; ``auto``: the running cluster; or
+    ``ray://host:10001`` / ``host:6379``."""
+    cpus_per_agent: float = 1.0
+    """CPUs each agent's actor reserves; its torch threads = max(1, int(cpus_per_agent))."""
+    gpus_per_agent: float | None = None
+    """GPUs each CUDA agent reserves; None = 1 for an agent on ``cuda``/``cuda:N``/``auto`` (when the cluster
+    has GPUs), 0 on ``cpu``. Fractions (0.5) let two small agents share a GPU."""
+
+
+def _agent_gpus(spec: AgentSpec, options: RayOptions, cluster_gpus: float) -> float:
+    wants_cuda = spec.device.startswith("cuda") or (spec.device == "auto" and cluster_gpus > 0)
+    if not wants_cuda:
+        return 0.0
+    return 1.0 if options.gpus_per_agent is None else options.gpus_per_agent
+
+
+def actor_spec(spec: AgentSpec, gpus: float) -> AgentSpec:
+    """The spec an actor loads: ``cuda:N`` becomes ``cuda`` (the actor sees only its own GPUs)."""
+    if gpus > 0 and spec.device.startswith("cuda:"):
+        log.info(
+            "agent %s: device %s is 'cuda' in its Ray actor (Ray assigns the GPU)", spec.model, spec.device
+        )
+    return dataclasses.replace(spec, device="cuda") if gpus > 0 else spec
+
+
+def _shortfall(need: dict[str, float], have: dict[str, float]) -> str:
+    return ", ".join(
+        f"{n:g} {k} but {have.get(k, 0.0):g}" for k, n in need.items() if n > have.get(k, 0.0) + 1e-9
+    )
+
+
+def _check_room(ray: Any, need: dict[str, float], wait_s: float = 30.0) -> None:
+    """Raises before any actor starts when the cluster cannot hold them (actors would wait forever).
+
+    Resources still held (an earlier trainer's actors being released) get ``wait_s`` seconds to come free.
+    """
+    if short := _shortfall(need, ray.cluster_resources()):
+        raise RuntimeError(
+            f"executor: ray: the agents need {short} in the whole Ray cluster; lower ray.cpus_per_agent / "
+            "ray.gpus_per_agent, or add nodes (ray start --address ...)"
+        )
+    deadline = time.monotonic() + wait_s
+    while (short := _shortfall(need, ray.available_resources())) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if short:
+        raise RuntimeError(
+            f"executor: ray: the agents need {short} free after {wait_s:g} s: other actors hold them (an "
+            "earlier Trainer in this process? Trainer.close() releases its actors, or ray.shutdown())"
+        )
+
+
+class RayExecutor:
+    """One Ray actor per agent; ``each`` calls them all at once and waits for every result.
+
+    Args:
+        worker_kwargs: `AgentWorker` arguments per agent (``spec``, ``index``, ``names``, ``settings``).
+        options: Connection and per-agent resources.
+        seed: Seeds each actor's global RNGs before it loads its agent.
+
+    Raises:
+        RuntimeError: The cluster cannot hold the requested actors (names what was asked and what exists).
+    """
+
+    def __init__(self, worker_kwargs: list[dict[str, Any]], options: RayOptions, *, seed: int) -> None:
+        import ray
+
+        if not ray.is_initialized():
+            env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
+            ray.init(address=options.address, runtime_env={"env_vars": env}, include_dashboard=False)
+        gpus_A = [
+            _agent_gpus(kw["spec"], options, ray.cluster_resources().get("GPU", 0.0)) for kw in worker_kwargs
+        ]
+        _check_room(ray, {"CPU": options.cpus_per_agent * len(worker_kwargs), "GPU": sum(gpus_A)})
+        threads = max(1, int(options.cpus_per_agent))
+        remote = ray.remote(AgentWorker)
+        self.actors = [
+            remote.options(num_cpus=options.cpus_per_agent, num_gpus=gpus).remote(
+                **(kw | {"spec": actor_spec(kw["spec"], gpus)}), seed=seed, threads=threads
+            )
+            for kw, gpus in zip(worker_kwargs, gpus_A)
+        ]
+        for where in self.each("ready", [{} for _ in self.actors]):
+            log.info("ray actor ready: %s", where)
+
+    def each(self, method: str, kwargs_A: list[dict[str, Any]]) -> list[Any]:
+        """Calls ``method`` on every actor at once; re-raises a worker's own exception (not Ray's wrapper)."""
+        import ray
+
+        refs = [getattr(actor, method).remote(**kw) for actor, kw in zip(self.actors, kwargs_A, strict=True)]
+        try:
+            return ray.get(refs)
+        except ray.exceptions.RayTaskError as err:
+            cause = getattr(err, "cause", None)
+            if isinstance(cause, BaseException):
+                raise cause from None
+            raise
+
+    def close(self) -> None:
+        """Ends the actors (their agents' memory is freed); Ray itself keeps running."""
+        import ray
+
+        for actor in self.actors:
+            ray.kill(actor)
+        self.actors = []
+
+
+def make_executor(
+    kind: str, worker_kwargs: list[dict[str, Any]], *, seed: int, ray_options: RayOptions | None = None
+) -> LocalExecutor | RayExecutor:
+    """The executor named by ``kind`` (`EXECUTORS`)."""
+    if kind == "local":
+        return LocalExecutor(worker_kwargs)
+    if kind == "ray":
+        return RayExecutor(worker_kwargs, ray_options or RayOptions(), seed=seed)
+    raise ValueError(f"executor = {kind!r} is not allowed: one of {list(EXECUTORS)}")
