@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import shutil
 
 import pytest
@@ -11,6 +12,7 @@ from safetensors.torch import load_file
 
 from workbench.agents.loading import load_agent
 from workbench.agents.rollout import generate
+from workbench.agents.tiny_tokenizers import build_tokenizer
 from workbench.agents.zoo import (
     TINY_PRESETS,
     ZOO_PAIRS,
@@ -20,6 +22,8 @@ from workbench.agents.zoo import (
     tiny_preset,
     zoo_table,
 )
+from workbench.config.loading import load_experiment
+from workbench.tasks.arithmetic import DEFAULT_REGIME, _cells, embedded_solution, resolve_regime
 
 
 def test_pairs_cover_state_size_and_model_heterogeneity():
@@ -100,3 +104,22 @@ def test_full_warm_start_gives_nonzero_but_imperfect_accuracy(tmp_path, monkeypa
     card = read_card(path)
     assert card["warm_steps"] == TINY_PRESETS["llama-bpe"].warm_steps
     assert 0.05 <= card["initial_greedy_accuracy"] <= 0.8, card
+
+
+def test_length_caps_cover_every_solution_of_the_default_regime_plus_eos():
+    """Every addsub expression's worked solution + EOS fits each preset's and the quickstart's cap."""
+    regime = resolve_regime(DEFAULT_REGIME)
+    solutions = [
+        embedded_solution(expression)[0]
+        for k in range(regime.n_ops[0], regime.n_ops[1] + 1)
+        for split in ("train", "test")
+        for expression in itertools.chain.from_iterable(_cells(regime, k).by_split[split].values())
+    ]
+    longest_chars = max(solutions, key=len)
+    quickstart_cap = load_experiment("experiments/quickstart.yaml").train.max_new_tokens
+    for preset in {(p.tokenizer, p.bpe_vocab) for p in TINY_PRESETS.values()}:
+        tokenizer = build_tokenizer(preset[0], preset[1], "Q: {content}\nA: ")
+        longest = max(len(tokenizer.encode(s, add_special_tokens=False)) for s in solutions) + 1  # + EOS
+        assert longest <= min(p.max_new_tokens for p in TINY_PRESETS.values()), (preset, longest)
+        assert longest <= quickstart_cap, (preset, longest, quickstart_cap)
+    assert len(longest_chars) + 1 <= quickstart_cap
