@@ -10,6 +10,9 @@ readable afterwards:
   leave at most one truncated last line. `read_jsonl` drops it with a warning and `append_jsonl` repairs
   it before appending, so the next line never gets glued onto a fragment.
 
+A failed write raises an `OSError` that names the file being written (``os.write`` and ``fsync`` errors carry
+no file name by themselves), so `workbench.core.storage.as_storage_error` can name it to the user.
+
 JSON here is Python's dialect: ``NaN`` and ``Infinity`` are written as such (lossless for metrics such as
 an undefined ω), which `json.loads` and pandas read back.
 """
@@ -49,19 +52,33 @@ def fsync_dir(path: Path | str) -> None:
 def _atomic_write(path: Path | str, write: Callable[[Any], None]) -> None:
     """Create a temp file beside ``path``, let ``write(fileobj)`` fill it, fsync, then ``os.replace``."""
     path = Path(path)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as err:
+        raise _naming(err, path)  # noqa: B904 (chained in _naming when new)
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp_name, path)
-    except BaseException:
+    except BaseException as err:
         # Whatever failed (disk full, a bad object, KeyboardInterrupt), leave no temp litter behind.
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_name)
+        if isinstance(err, OSError):
+            raise _naming(err, path)  # noqa: B904 (chained in _naming when new)
         raise
     fsync_dir(path.parent)
+
+
+def _naming(err: OSError, path: Path | str) -> OSError:
+    """The same error naming ``path`` when ``err`` names no file (raise it ``from err``); else ``err``."""
+    if err.filename is not None or err.errno is None:
+        return err
+    named = type(err)(err.errno, err.strerror, str(path))
+    named.__cause__ = err
+    return named
 
 
 def atomic_write_bytes(path: Path | str, data: bytes) -> None:
@@ -155,12 +172,15 @@ def append_jsonl(path: Path | str, row: dict[str, Any]) -> None:
         raise TypeError(f"append_jsonl({path}): row must be a dict, got {type(row).__name__}")
     path = Path(path)
     line = (json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8")  # encode before touching the file
-    if path.exists():
-        _repair_tail(path)
-    with open(path, "ab") as f:
-        f.write(line)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        if path.exists():
+            _repair_tail(path)
+        with open(path, "ab") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as err:
+        raise _naming(err, path)  # noqa: B904 (chained in _naming when new)
 
 
 def read_jsonl(path: Path | str, *, skip_partial_last: bool = True) -> list[dict[str, Any]]:

@@ -37,10 +37,12 @@ from workbench.core import io as wio
 __all__ = [
     "FORMAT_VERSION",
     "capture_rng_state",
+    "last_good_checkpoint",
     "list_checkpoints",
     "load_latest_checkpoint",
     "restore_rng_state",
     "save_checkpoint",
+    "tensor_bytes",
     "verify_checkpoint",
 ]
 
@@ -115,6 +117,8 @@ def save_checkpoint(run_dir: Path | str, step: int, state: dict[str, object], *,
 
     Raises:
         ValueError: A bad step, keep_last, or state key (names it and what is allowed).
+        OSError: A write failed (disk full, read-only, ...): it names the checkpoint; nothing of the new
+            checkpoint is left behind and the older ones are untouched (pruning comes after success).
     """
     _validate_save_args(step, state, keep_last)
     root = _checkpoints_root(run_dir)
@@ -126,10 +130,7 @@ def save_checkpoint(run_dir: Path | str, step: int, state: dict[str, object], *,
         files = {}
         for key, value in state.items():
             path = tmp / f"{key}.pt"
-            with open(path, "wb") as f:
-                torch.save(value, f)
-                f.flush()
-                os.fsync(f.fileno())
+            _save_file(value, path, name=root / name)
             # Hash what is on disk (not what we meant to write): verification compares against this.
             files[key] = {"file": path.name, "bytes": path.stat().st_size, "sha256": _sha256_file(path)}
         manifest = {
@@ -154,6 +155,45 @@ def save_checkpoint(run_dir: Path | str, step: int, state: dict[str, object], *,
     _prune(run_dir, step, keep_last)
     logger.info("saved checkpoint %s", final)
     return final
+
+
+def _save_file(value: object, path: Path, *, name: Path) -> None:
+    """``torch.save`` into ``path`` + fsync; a failed write raises an `OSError` naming the checkpoint.
+
+    torch reports a write that failed (disk full) as ``RuntimeError: [enforce fail at inline_container.cc]
+    unexpected pos``, with the `OSError` only as its context: that `OSError` is what is raised instead.
+    """
+    try:
+        with open(path, "wb") as f:
+            torch.save(value, f)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as err:
+        raise OSError(err.errno, err.strerror, str(name)) from err
+    except RuntimeError as err:
+        cause = err.__context__
+        if isinstance(cause, OSError) and cause.errno is not None:
+            raise OSError(cause.errno, cause.strerror, str(name)) from err
+        raise
+
+
+def tensor_bytes(obj: object) -> int:
+    """Bytes of every tensor in a nested state (dicts, lists, tuples): about what ``torch.save`` writes."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, list | tuple):
+        return sum(tensor_bytes(v) for v in obj)
+    return 0
+
+
+def last_good_checkpoint(run_dir: Path | str) -> tuple[int, Path] | None:
+    """``(step, dir)`` of the newest checkpoint that passes `verify_checkpoint` (nothing is unpickled)."""
+    for step, path in reversed(list_checkpoints(run_dir)):
+        if verify_checkpoint(path) is None:
+            return step, path
+    return None
 
 
 def _prune(run_dir: Path | str, step: int, keep_last: int) -> None:
