@@ -12,9 +12,11 @@ plots, tables and notebooks; metric keys are documented in the README):
 | ``samples/step_000003.jsonl`` | `RunWriter.write_samples` | a sample of rollouts of that step |
 | ``checkpoints/`` | `workbench.train.checkpoint` | ``step_000010/`` dirs + ``latest`` pointer |
 | ``DONE`` | `RunWriter.mark_done` | JSON summary; the run finished |
+| ``.run.lock`` | `workbench.train.run.train` | held while a process writes the run: its pid, host, start |
 
 Every write is atomic (`workbench.core.io`); `create_run_dir` makes the directory exclusively, so two runs
-never share one. `workbench.lab.frames` loads run directories into pandas.
+never share one, and `train` holds the run's lock (`workbench.core.lock`) while it writes, so one run has one
+writer. `workbench.lab.frames` loads run directories into pandas.
 """
 
 from __future__ import annotations
@@ -222,7 +224,7 @@ class RunWriter:
         """
         self._require_config("log_metrics")
         _step_of(step)
-        last = self._last_logged_step()
+        last = self.last_logged_step()
         if step < last:
             raise ValueError(
                 f"log_metrics: step {step} < last logged step {last} in {self.metrics_path}; "
@@ -238,7 +240,7 @@ class RunWriter:
         wio.append_jsonl(self.metrics_path, row)
         self._last_seen = (step, self.metrics_path.stat().st_size)
 
-    def _last_logged_step(self) -> int:
+    def last_logged_step(self) -> int:
         """Last step in ``metrics.jsonl`` (-1 if none); re-read only when the file changed under us
         (another writer object, a rollback), so logging stays O(1) per step."""
         size = self.metrics_path.stat().st_size if self.metrics_path.exists() else -1
@@ -289,8 +291,9 @@ class RunWriter:
         """Drop everything logged after ``step`` (metrics, evals, samples) and any ``DONE`` marker.
 
         Called on resume from the checkpoint of ``step``, so the resumed run re-logs those steps exactly
-        once; ``step=-1`` drops every logged step (a run killed before its first checkpoint). Checkpoints
-        are not touched (`workbench.train.checkpoint` owns them).
+        once; ``step=-1`` drops every logged step (a run killed before its first checkpoint). Temporary files
+        of interrupted writes are removed too. Checkpoints are not touched (`workbench.train.checkpoint`
+        owns them). Call it only while holding the run's lock: another writer's temporary files would go.
 
         Returns:
             Counts of what was dropped: ``metrics``, ``evals``, ``samples``.
@@ -309,9 +312,17 @@ class RunWriter:
                     dropped["samples"] += 1
         if self.done_path.exists():
             self.done_path.unlink()
+        self._remove_temp_files()
         if any(dropped.values()):
             logger.info("rolled %s back to step %d, dropped %s", self.run_dir, step, dropped)
         return dropped
+
+    def _remove_temp_files(self) -> None:
+        """Remove ``.<name>.*.tmp`` files: atomic writes a kill interrupted (never renamed into place)."""
+        for folder in (self.run_dir, self.samples_dir):
+            for path in folder.glob(".*.tmp") if folder.is_dir() else ():
+                logger.info("removing %s, left by an interrupted write", path)
+                path.unlink(missing_ok=True)
 
     def _truncate_evals(self, step: int) -> int:
         if not self.evals_path.exists():
