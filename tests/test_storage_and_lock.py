@@ -141,6 +141,27 @@ def test_checkpoint_on_a_full_disk_names_it_and_keeps_the_last_good_one(tmp_path
     assert last_good_checkpoint(tmp_path) == (1, tmp_path / "checkpoints" / "step_000001")
 
 
+def test_ctrl_c_inside_torch_save_stays_a_keyboard_interrupt(tmp_path, monkeypatch):
+    """torch turns a KeyboardInterrupt raised in its write callback into RuntimeError("unexpected pos")."""
+
+    class Interrupting:
+        written = 0
+
+        def write(self, data):
+            self.written += 1
+            if self.written == 3:  # inside torch's C++ writer (the first writes are plain Python)
+                raise KeyboardInterrupt
+            return len(data)
+
+    real_save = checkpoint.torch.save
+    with pytest.raises(RuntimeError, match="unexpected pos"):  # what torch does (measured: torch 2.13)
+        real_save(torch.zeros(1000), Interrupting())
+    monkeypatch.setattr(checkpoint.torch, "save", lambda obj, f: real_save(obj, Interrupting()))
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.save_checkpoint(tmp_path, 0, {"x": torch.zeros(1000)})
+    assert list_checkpoints(tmp_path) == [] and list((tmp_path / "checkpoints").iterdir()) == []
+
+
 def test_other_runtime_errors_of_torch_save_pass_through(tmp_path, monkeypatch):
     def broken(obj, f):
         raise RuntimeError("cannot pickle this")

@@ -161,7 +161,9 @@ def _save_file(value: object, path: Path, *, name: Path) -> None:
     """``torch.save`` into ``path`` + fsync; a failed write raises an `OSError` naming the checkpoint.
 
     torch reports a write that failed (disk full) as ``RuntimeError: [enforce fail at inline_container.cc]
-    unexpected pos``, with the `OSError` only as its context: that `OSError` is what is raised instead.
+    unexpected pos``, with the `OSError` only as its context: that `OSError` is what is raised instead. A
+    Ctrl-C inside the write turns into the same ``RuntimeError``: it is raised as the `KeyboardInterrupt`
+    it was.
     """
     try:
         with open(path, "wb") as f:
@@ -174,6 +176,8 @@ def _save_file(value: object, path: Path, *, name: Path) -> None:
         cause = err.__context__
         if isinstance(cause, OSError) and cause.errno is not None:
             raise OSError(cause.errno, cause.strerror, str(name)) from err
+        if isinstance(cause, KeyboardInterrupt):
+            raise KeyboardInterrupt from err
         raise
 
 
