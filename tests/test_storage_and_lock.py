@@ -276,6 +276,18 @@ def test_a_lock_in_a_read_only_directory_is_a_storage_error(tmp_path, monkeypatc
         DirectoryLock(tmp_path, ".run.lock").acquire()
 
 
+def test_a_filesystem_without_flock_is_a_storage_error(tmp_path, monkeypatch):
+    import filelock
+
+    def no_flock(self, *args, **kwargs):
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(filelock.FileLock, "acquire", no_flock)
+    with pytest.raises(StorageError, match=r"offers no file locks.*Remedy: put the results root") as info:
+        DirectoryLock(tmp_path, ".run.lock").acquire()
+    assert info.value.errno == errno.ENOLCK and info.value.path == tmp_path / ".run.lock"
+
+
 def test_holder_record_is_json(tmp_path):
     with DirectoryLock(tmp_path, "x.lock") as lock:
         record = json.loads(Path(lock.path).read_text())

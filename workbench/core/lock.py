@@ -157,14 +157,8 @@ class DirectoryLock:
         except filelock.Timeout:
             raise self._locked_error() from None
         except OSError as err:
-            if err.errno in (errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK):
-                raise StorageError(
-                    err.errno,
-                    self.path,
-                    "this filesystem offers no file locks (flock)",
-                    f"put the results root on a filesystem with file locks (a local disk), "
-                    f"{STORAGE_FAILURES[errno.ENOSPC][1].split(', ', 1)[1]}",
-                ) from err
+            if err.errno in (errno.ENOSYS, errno.EOPNOTSUPP):  # flock(2) unsupported here: no locks at all
+                raise StorageError(errno.ENOLCK, self.path, *STORAGE_FAILURES[errno.ENOLCK]) from err
             storage = as_storage_error(err, self.path)
             if storage is None:
                 raise

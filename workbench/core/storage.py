@@ -38,6 +38,10 @@ STORAGE_FAILURES: dict[int, tuple[str, str]] = {
     errno.ENOTDIR: ("a part of the path is a file, not a directory", f"move that file away, {_ELSEWHERE}"),
     errno.EEXIST: ("the path exists as a file, not a directory", f"move that file away, {_ELSEWHERE}"),
     errno.EISDIR: ("the path is a directory, not a file", f"move that directory away, {_ELSEWHERE}"),
+    errno.ENOLCK: (
+        "the filesystem offers no file locks",
+        f"put the results root on a filesystem with file locks (flock), such as a local disk, {_ELSEWHERE}",
+    ),
 }
 """errno -> (what failed, the remedy) for the storage failures a person can fix; others stay as they are."""
 
