@@ -13,7 +13,7 @@ export OMP_WAIT_POLICY ?= PASSIVE
 export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_NO_ADVISORY_WARNINGS ?= 1
 
-.PHONY: venv demo test lint format bench bench-peers lab clean-cache
+.PHONY: venv demo test lint format bench bench-peers lab clean-cache gpu-check
 
 $(STAMP): pyproject.toml requirements-nodeps.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -51,6 +51,13 @@ bench-peers: $(STAMP) $(BENCH_STAMP)
 
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab --no-browser --allow-root --ip=127.0.0.1 notebooks/
+
+# Every GPU check in one run, written to results/gpu_check/report.md (README "Use a GPU"). It runs on the
+# machine's own CUDA python and never builds the CPU venv (a GPU machine may have no network): the venv's
+# python when it exists (after installing a CUDA torch into it), else python3; override with GPU_PYTHON=...
+GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
+gpu-check:
+	$(GPU_PYTHON) bench/gpu_check.py --out results/gpu_check
 
 clean-cache:
 	rm -rf $${HACPO_CACHE:-$$HOME/.cache/hacpo-workbench}

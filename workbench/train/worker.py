@@ -197,11 +197,22 @@ class AgentWorker:
 
     # ----------------------------------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
-        """Trainable weights (CPU copies) and optimizer state."""
-        return {"agent": self.agent.trainable_state_dict(), "optimizer": self.optimizer.state_dict()}
+        """Trainable weights and optimizer state, on CPU (a driver without the agent's GPU can hold them)."""
+        return {"agent": self.agent.trainable_state_dict(), "optimizer": _on_cpu(self.optimizer.state_dict())}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what `state_dict` returned (optimizer tensors move to the agent's device)."""
         self.agent.load_trainable_state_dict(state["agent"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.engine.sync()
+
+
+def _on_cpu(tree: Any) -> Any:
+    """``tree`` with every tensor on CPU (tensors already there are not copied)."""
+    if torch.is_tensor(tree):
+        return tree.cpu()
+    if isinstance(tree, dict):
+        return {k: _on_cpu(v) for k, v in tree.items()}
+    if isinstance(tree, list | tuple):
+        return type(tree)(_on_cpu(v) for v in tree)
+    return tree
