@@ -211,6 +211,8 @@ def update_learner(
     """
     loss_fn = losses.get_policy_loss(settings.loss)
     n, n_self = len(batch), len(scores.old_logp_mean_B)
+    if int(batch.is_self_B.sum()) != n_self or not bool(batch.is_self_B[:n_self].all()):
+        raise ValueError(f"the batch's first {n_self} rows must be the scored own samples (self first)")
     if settings.loss in losses.TOKEN_LEVEL_LOSSES and n_self < n:
         raise ValueError(f"the token-level loss {settings.loss!r} cannot train on other agents' samples")
     own = {(m.rows.start, m.rows.stop): m for m in scores.micros}
