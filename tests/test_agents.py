@@ -200,6 +200,19 @@ def test_shared_prefill_gives_the_greedy_tokens_of_a_plain_loop(which, prompts, 
         assert r.response_ids == _greedy_without_cache(agent, r.prompt_ids, 16)
 
 
+def test_chunked_lm_head_gives_the_same_greedy_tokens_and_is_restored(bpe_agent, monkeypatch):
+    """The decode-time LM head in slices of columns (a 400-token vocabulary in slices of 64 here)."""
+    import workbench.agents.rollout as rollout_module
+
+    monkeypatch.setattr(rollout_module, "HEAD_CHUNK", 64)
+    head = bpe_agent.model.get_output_embeddings()
+    assert head.out_features > 64
+    prompts = ["1+2*3", "9-4", "7*7+1"]
+    for r in generate(bpe_agent, prompts, n=1, temperature=0.0, max_new_tokens=16):
+        assert r.response_ids == _greedy_without_cache(bpe_agent, r.prompt_ids, 16)
+    assert "forward" not in vars(head)  # the class's forward is back
+
+
 def test_shared_prefix_leaves_every_prompt_a_token_of_its_own():
     assert _shared_prefix([[1, 2, 3, 4], [1, 2, 5], [1, 2, 3]]) == 2
     assert _shared_prefix([[1, 2, 3], [1, 2, 3, 4]]) == 2  # the first prompt keeps its last token

@@ -39,6 +39,8 @@ DEFAULT_BATCH_ROWS = 256
 """Most rows `generate` samples together by default (one typical step's prompts x G)."""
 KV_CACHE_BUDGET_BYTES = 4 << 30
 """Default rows are also capped so that the KV cache stays under this (SmolLM2 fp32: 46 kB per token)."""
+HEAD_CHUNK = 4096
+"""Vocabulary columns per matmul of the LM head while decoding (see `_chunked_head`)."""
 
 
 def _kv_bytes_per_token(model: Any) -> int:
@@ -107,6 +109,32 @@ def _shared_prefix(prompts: list[list[int]]) -> int:
         if any(p[t] != prompts[0][t] for p in prompts):
             return t
     return max(shortest - 1, 0)
+
+
+@contextlib.contextmanager
+def _chunked_head(model: Any) -> Iterator[None]:
+    """Computes a plain ``nn.Linear`` LM head in slices of `HEAD_CHUNK` output columns while decoding.
+
+    The same dot products (each logit is one row of the weight times the hidden state), so the logits are
+    unchanged; but at decode shapes (64 rows x 576 -> 49,152) one MKL sgemm ran at about 2/3 of the speed of
+    the model's other matmuls, and slices of 4,096 columns cut SmolLM2's decode CPU time by ~5%. A LoRA- or
+    bitsandbytes-wrapped head, or a small vocabulary, is left alone.
+    """
+    head = model.get_output_embeddings()
+    if type(head) is not torch.nn.Linear or head.out_features <= HEAD_CHUNK:
+        yield
+        return
+
+    def forward(x_B_D: torch.Tensor) -> torch.Tensor:
+        weights = head.weight.split(HEAD_CHUNK)
+        biases = head.bias.split(HEAD_CHUNK) if head.bias is not None else [None] * len(weights)
+        return torch.cat([torch.nn.functional.linear(x_B_D, w, b) for w, b in zip(weights, biases)], dim=-1)
+
+    head.forward = forward  # an instance attribute: shadows the class's forward until deleted
+    try:
+        yield
+    finally:
+        del head.forward
 
 
 @dataclass
@@ -233,7 +261,8 @@ def _sample_chunk(
 ) -> list[tuple[list[int], bool]]:
     """Samples one response per prompt row; returns ``(response_ids, finished_with_eos)`` per row."""
     state = _prefill(agent, prompts, max_new_tokens)
-    return _decode(agent, state, temperature, top_p, max_new_tokens, generator)
+    with _chunked_head(agent.model):
+        return _decode(agent, state, temperature, top_p, max_new_tokens, generator)
 
 
 def _decode_response(agent: Agent, response_ids: list[int], finished: bool) -> str:
