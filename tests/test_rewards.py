@@ -164,7 +164,7 @@ def test_numeric_method():
 
 
 def test_unknown_method_and_length_mismatch_are_errors():
-    with pytest.raises(ValueError, match=r"unknown reward method 'exact'; valid methods: \['math_verify'"):
+    with pytest.raises(ValueError, match=r"task.reward = 'exact' is not allowed: one of \['math_verify'"):
         grade("\\boxed{1}", "1", method="exact")
     with pytest.raises(ValueError, match="2 completions but 1 answers"):
         grade_batch(["a", "b"], ["1"])
@@ -273,3 +273,71 @@ def test_math_normalize_examples():
     assert math_normalize("\\tfrac{1}{2}") == math_normalize("\\frac12") == "\\frac{1}{2}"
     assert math_normalize("\\sqrt3") == "\\sqrt{3}"
     assert math_normalize("10\\%") == "10"
+
+
+# ----------------------------------------------------------------------------------------- custom rewards
+
+CUSTOM = '''
+from workbench.tasks.rewards import Grade, as_number, extract_answer
+
+
+def within_one(completion, answer):
+    """1 when the final answer is within 1 of the gold number (the README's example)."""
+    got = extract_answer(completion)
+    value = as_number(got) if got else None
+    return float(value is not None and abs(value - as_number(answer)) <= 1)
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    """verl's signature."""
+    return solution_str.strip().endswith(ground_truth)
+
+
+def half(completion, answer):
+    return 0.5
+
+
+def out_of_range(completion, answer):
+    return 3.0
+
+
+def needs_three(completion, answer, third):
+    return 1.0
+'''
+
+
+@pytest.fixture
+def custom_module(tmp_path, monkeypatch):
+    (tmp_path / "my_rewards_h13.py").write_text(CUSTOM)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "my_rewards_h13"
+
+
+def test_a_custom_reward_grades_and_counts_as_correct_above_one_half(custom_module):
+    grades = grade_batch(
+        ["\\boxed{41}", "\\boxed{45}", "no answer"], ["42"] * 3, method=f"{custom_module}:within_one"
+    )
+    assert grades == [Grade(1.0, "correct"), Grade(0.0, "wrong"), Grade(0.0, "wrong")]
+    assert grade("x", "1", method=f"{custom_module}:half") == Grade(0.5, "wrong")
+    assert grade("so 42", "42", method=f"{custom_module}:compute_score") == Grade(1.0, "correct")  # verl
+
+
+def test_a_custom_reward_outside_0_1_is_malformed_not_a_crash(custom_module):
+    assert grade("x", "1", method=f"{custom_module}:out_of_range") == Grade(0.0, "malformed")
+
+
+def test_a_custom_reward_is_checked_when_the_config_loads(custom_module):
+    from workbench.config.checks import ConfigError
+    from workbench.config.experiment import TaskConfig
+
+    assert TaskConfig(reward=f"{custom_module}:within_one").reward == f"{custom_module}:within_one"
+    cases = {
+        "no_such_module_h13:fn": r"module 'no_such_module_h13' does not import \(ModuleNotFoundError",
+        f"{custom_module}:nope": r"has no function 'nope'; its functions: \[.*'within_one'\]",
+        f"{custom_module}:needs_three": r"failed with TypeError: .*takes \(completion: str, answer: str\)",
+        f"{custom_module}:out_of_range": r"rewards must be in \[0, 1\]",
+        "within one": r"task\.reward = 'within one' is not allowed: one of \['math_verify'.*module:function",
+    }
+    for spec, message in cases.items():
+        with pytest.raises(ConfigError, match=message):
+            TaskConfig(reward=spec)

@@ -324,3 +324,44 @@ def test_missing_file_and_unknown_benchmark():
         load_tasks("file:/nonexistent/tasks.jsonl")
     with pytest.raises(ValueError, match=r"unknown benchmark 'aime2024'; valid names: \['math'"):
         loaders.load_benchmark("aime2024")
+
+
+# ------------------------------------------------------------------------------------- file splits (no leak)
+
+
+def _numbered_file(tmp_path: Path, n: int = 200) -> Path:
+    path = tmp_path / "numbered.jsonl"
+    path.write_text(
+        "\n".join(json.dumps({"question": f"What is {i} + {i}?", "answer": str(2 * i)}) for i in range(n))
+    )
+    return path
+
+
+def test_a_file_by_split_is_disjoint_and_covers_the_file(tmp_path):
+    path = _numbered_file(tmp_path)
+    train, test = load_tasks(f"file:{path}", split="train"), load_tasks(f"file:{path}", split="test")
+    assert {i.question for i in train}.isdisjoint({i.question for i in test})
+    assert len(train) + len(test) == 200 and 20 <= len(test) <= 60  # 20 % held out by hash
+    assert len(load_tasks(f"file:{path}")) == 200  # no split: the whole file
+    assert len(load_tasks(f"file:{path}", split="test", holdout="none")) == 200
+
+
+def test_a_file_too_small_to_hold_out_is_an_error(tmp_path):
+    path = tmp_path / "one.jsonl"
+    path.write_text(json.dumps({"question": "What is 1 + 1?", "answer": "2"}))
+    empty = "test" if split_of("What is 1 + 1?") == "train" else "train"
+    with pytest.raises(
+        ValueError, match=rf"none of its 1 questions falls in the '{empty}' part of the hash split"
+    ):
+        load_tasks(f"file:{path}", split=empty)
+    with pytest.raises(ValueError, match=r"holdout = 'half' is not allowed: 'hash': .*'none': "):
+        load_tasks(f"file:{path}", split="train", holdout="half")
+
+
+def test_check_disjoint_names_the_shared_questions(tmp_path):
+    from workbench.tasks.sources import check_disjoint
+
+    items = load_tasks(f"file:{_numbered_file(tmp_path, 10)}")
+    check_disjoint(items[:5], items[5:], "eval")
+    with pytest.raises(ValueError, match=r"eval: 2 of 5 held-out questions are also training questions"):
+        check_disjoint(items[:5], items[3:8], "eval")

@@ -22,7 +22,7 @@ from workbench.config.agent_spec import AgentSpec, AgentSpecError
 from workbench.config.checks import ConfigError, build, coerce_fields, require, require_name
 from workbench.config.frozen import FrozenMap, thaw
 from workbench.config.methods import ALGORITHMS, METHODS, Method
-from workbench.tasks.rewards import REWARD_METHODS
+from workbench.tasks.rewards import reward_problem
 
 __all__ = [
     "ConfigError",
@@ -39,6 +39,7 @@ NO_KNOBS = FrozenMap()
 """The default task knobs: none."""
 RATIO_NORMALIZATIONS = ("tokens", "bytes")
 """Valid ``hacpo.ratio_normalization`` values."""
+REPORT_TO = ("tensorboard", "trackio", "wandb")  # output.report_to sinks (workbench.train.tracking)
 
 
 @dataclass(frozen=True)
@@ -59,12 +60,16 @@ class TaskConfig:
     instruction: str | None = None
     """Instruction appended to each question; None = the bare question (tiny char-level agents)."""
     reward: str = "math_verify"
-    """Grader name in ``workbench.tasks.rewards.REWARD_METHODS``."""
+    """Grader: ``math_verify``, ``boxed_exact``, ``numeric`` (``workbench.tasks.rewards.REWARD_METHODS``), or
+    your own function as ``package.module:function`` (imported and tried once when the config loads)."""
     knobs: FrozenMap = NO_KNOBS
     """Extra keyword arguments for the task source (e.g. ``n_ops: [1, 3]``, ``max_operand: 9``); read-only,
     lists become tuples."""
     eval_knobs: FrozenMap | None = None
     """Keyword arguments for the held-out source; None = ``knobs`` when it is the same source, else none."""
+    eval_sources: tuple[str, ...] = ()
+    """Further held-out sources evaluated next to ``eval_source`` (``[math500, "gym:gsm_symbolic"]``): each
+    its ``test`` split, ``eval_size`` items, no knobs."""
 
     def __post_init__(self) -> None:
         coerce_fields(self, "task")
@@ -78,7 +83,11 @@ class TaskConfig:
         require(
             self.eval_seed is None or self.eval_seed >= 0, "task.eval_seed", self.eval_seed, ">= 0 or null"
         )
-        require(self.reward in REWARD_METHODS, "task.reward", self.reward, f"one of {list(REWARD_METHODS)}")
+        if problem := reward_problem(self.reward):
+            raise ConfigError(problem)
+        require(
+            all(map(str.strip, self.eval_sources)), "task.eval_sources", self.eval_sources, "source names"
+        )
 
 
 @dataclass(frozen=True)
@@ -239,12 +248,17 @@ class OutputConfig:
     """Root of run directories: ``<root>/<experiment>/<run-id>/``."""
     run_id: str | None = None
     """Explicit run id; None = timestamp + random suffix."""
+    report_to: tuple[str, ...] = ()
+    """Tracking sinks fed every step (``tensorboard``, ``trackio``, ``wandb``; `workbench.train.tracking`);
+    empty = none: nothing leaves the run directory."""
 
     def __post_init__(self) -> None:
         coerce_fields(self, "output")
         require(bool(self.root.strip()), "output.root", self.root, "a non-empty directory")
         if self.run_id is not None:
             require_name("output.run_id", self.run_id, "a directory name")
+        ok = set(self.report_to) <= set(REPORT_TO)
+        require(ok, "output.report_to", list(self.report_to), f"a list of {list(REPORT_TO)}")
 
 
 @dataclass(frozen=True)

@@ -14,15 +14,38 @@ runs in worker processes (`workbench.tasks.verifier`) that are killed when they 
 Reasons: ``"correct"``, ``"wrong"``, ``"no_answer"`` (nothing extracted), ``"timeout"`` (verification ran
 past its deadline), ``"malformed"`` (an answer was found but cannot be read: too long, control characters,
 absurd nesting, unparsable).
+
+**Your own reward**: ``task.reward: "package.module:function"`` (the TRL / verl way of naming one). The
+function takes ``(completion, answer)`` — verl's ``compute_score(data_source, solution_str, ground_truth)``
+is accepted too — and returns a reward in [0, 1] (a bool or a `Grade` also do); above 0.5 counts as correct
+in accuracies. `reward_problem` imports it and calls it once on a worked example when the config loads, so a
+typo or a wrong signature is named before any model loads. A module in the project root is found from a
+notebook too (the root is added to ``sys.path`` when the first import fails)::
+
+    # my_rewards.py
+    from workbench.tasks.rewards import as_number, extract_answer
+
+    def within_one(completion: str, answer: str) -> float:
+        got = extract_answer(completion)
+        value = as_number(got) if got else None
+        return float(value is not None and abs(value - as_number(answer)) <= 1)
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
+import inspect
 import logging
+import math
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Any
+
+from workbench.core.paths import PROJECT_ROOT
 
 logger = logging.getLogger(__name__)
 
@@ -223,9 +246,87 @@ REWARD_METHODS: dict[str, Callable[[str, str], Grade]] = {
 """Grading methods by name: each maps ``(completion, gold answer)`` to a `Grade`."""
 
 
-def _check_method(method: str) -> None:
-    if method not in REWARD_METHODS:
-        raise ValueError(f"unknown reward method {method!r}; valid methods: {list(REWARD_METHODS)}")
+CUSTOM_REWARD = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
+"""A custom reward spec: ``package.module:function``."""
+_ALLOWED = f"one of {list(REWARD_METHODS)}, or 'package.module:function' naming your own reward function"
+
+
+def _import_module(name: str) -> Any:
+    """Import ``name``; on failure retry with the project root on ``sys.path`` (a notebook's kernel runs in
+    ``notebooks/``, where a module of the project root is not importable)."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name != name.split(".")[0] or str(PROJECT_ROOT) in sys.path:
+            raise
+        sys.path.append(str(PROJECT_ROOT))
+        return importlib.import_module(name)
+
+
+@functools.cache
+def reward_function(spec: str) -> Callable[[str, str], Grade]:
+    """The grading function of a built-in method name or a custom ``package.module:function`` spec.
+
+    Raises:
+        ValueError: Not a method name nor a spec, a module that does not import, or no such function.
+    """
+    if spec in REWARD_METHODS:
+        return REWARD_METHODS[spec]
+    if not isinstance(spec, str) or not CUSTOM_REWARD.match(spec):
+        raise ValueError(f"task.reward = {spec!r} is not allowed: {_ALLOWED}")
+    module_name, attr = spec.split(":")
+    try:
+        module = _import_module(module_name)
+    except Exception as exc:  # any import-time failure of the user's module is a config error
+        raise ValueError(
+            f"task.reward = {spec!r}: module {module_name!r} does not import ({type(exc).__name__}: {exc}); "
+            "it must be importable from the working directory, the project root or an installed package"
+        ) from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        found = sorted(n for n, v in vars(module).items() if inspect.isfunction(v) and not n.startswith("_"))
+        raise ValueError(
+            f"task.reward = {spec!r}: {module_name} has no function {attr!r}; its functions: {found}"
+        )
+    params = inspect.signature(fn).parameters
+    if "solution_str" in params and "ground_truth" in params:  # verl's compute_score
+        return functools.partial(
+            _call_custom, lambda c, a: fn(data_source="workbench", solution_str=c, ground_truth=a)
+        )
+    return functools.partial(_call_custom, fn)
+
+
+def _call_custom(fn: Callable[[str, str], Any], completion: str, answer: str) -> Grade:
+    """A custom reward's value as a `Grade` (reason ``correct`` above 0.5); a value outside [0, 1] raises."""
+    value = fn(completion, answer)
+    if isinstance(value, Grade):
+        return value
+    reward = float(value)
+    if not (math.isfinite(reward) and 0.0 <= reward <= 1.0):
+        raise ValueError(f"a reward function returned {value!r}; rewards must be in [0, 1]")
+    return Grade(reward, "correct" if reward > 0.5 else "wrong")
+
+
+def reward_problem(spec: str) -> str | None:
+    """What is wrong with a reward spec, or None; a custom function is called once on a worked example.
+
+    The message names ``task.reward``, the value and what is allowed (one paragraph).
+    """
+    try:
+        fn = reward_function(spec)
+    except ValueError as exc:
+        return str(exc)
+    if spec in REWARD_METHODS:
+        return None
+    try:
+        grade = fn("so the answer is \\boxed{4}", "4")
+    except Exception as exc:
+        return (
+            f"task.reward = {spec!r}: calling it on (completion='... \\boxed{{4}}', answer='4') failed with "
+            f"{type(exc).__name__}: {exc}; a reward function takes (completion: str, answer: str) and "
+            "returns a float in [0, 1] (or a bool, or a Grade)"
+        )
+    return None if isinstance(grade, Grade) else f"task.reward = {spec!r}: returned {grade!r}, not a reward"
 
 
 def grade(completion: str, answer: str, method: str = "math_verify") -> Grade:
@@ -251,7 +352,7 @@ def grade_batch(completions: list[str], answers: list[str], method: str = "math_
     Args:
         completions: Response texts.
         answers: Gold answers, one per completion.
-        method: A key of `REWARD_METHODS`.
+        method: A key of `REWARD_METHODS`, or a custom ``package.module:function`` (see the module doc).
 
     Returns:
         One `Grade` per completion, in order. Each math-verify comparison is bounded by
@@ -261,11 +362,11 @@ def grade_batch(completions: list[str], answers: list[str], method: str = "math_
     Raises:
         ValueError: Unknown method, or lists of different lengths (programming errors).
     """
-    _check_method(method)
+    fn = reward_function(method)
     if len(completions) != len(answers):
         raise ValueError(f"{len(completions)} completions but {len(answers)} answers; they must pair up")
     if method != "math_verify":
-        return [_safe(REWARD_METHODS[method], c, a) for c, a in zip(completions, answers)]
+        return [_safe(fn, c, a) for c, a in zip(completions, answers)]
     grades: list[Grade | None] = [None] * len(completions)
     slow: dict[tuple[str, str], list[int]] = {}  # identical pairs are verified once
     for i, (completion, gold) in enumerate(zip(completions, answers)):
