@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import copy
+import logging
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from workbench.config.checks import ConfigError
-from workbench.config.experiment import ExperimentConfig, from_dict
+from workbench.config.experiment import ExperimentConfig, TaskConfig, from_dict
+
+log = logging.getLogger(__name__)
 
 
 def parse_overrides(overrides: list[str] | dict[str, Any] | None) -> dict[str, Any]:
@@ -43,6 +46,23 @@ def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str
             node[int(last)] = value
         else:
             node[last] = value
+    return data
+
+
+def drop_stale_knobs(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """A ``task.source`` (``task.eval_source``) override drops the file's ``task.knobs`` (``eval_knobs``):
+    they belong to the old source. Knobs given as overrides too (``task.knobs.min_terms=2``) are applied
+    afterwards, so they are kept (and checked against the new source)."""
+    for source, knobs in (("source", "knobs"), ("eval_source", "eval_knobs")):
+        task = data.get("task")
+        if not isinstance(task, dict) or not task.get(knobs) or f"task.{source}" not in overrides:
+            continue
+        new, old = overrides[f"task.{source}"], task.get(source, getattr(TaskConfig, source))
+        if new == old:
+            continue
+        log.info("task.%s = %r replaces %r: dropping its task.%s %s", source, new, old, knobs, task[knobs])
+        data = copy.deepcopy(data)
+        del data["task"][knobs]
     return data
 
 
@@ -95,7 +115,8 @@ def load_experiment(
     path = Path(path)
     data = _read_yaml_with_base(path, seen=())
     data.setdefault("experiment", path.stem)
+    overrides = parse_overrides(overrides)
     try:
-        return from_dict(apply_overrides(data, parse_overrides(overrides)))
+        return from_dict(apply_overrides(drop_stale_knobs(data, overrides), overrides))
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
