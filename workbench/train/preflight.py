@@ -1,0 +1,150 @@
+"""Pre-flight: every bad input of an experiment named before any model loads.
+
+The config dataclasses validate types and ranges when a config is made; what they cannot know without
+looking at the machine is checked here, in a second or two, before ``train`` builds any agent:
+
+| checked | how |
+|---|---|
+| ``agents[i].model`` / ``.tokenizer`` | tiny preset names, embedded models' packages, directories holding a |
+| | ``config.json``, hub ids present in the cache when offline (`workbench.agents.loading.model_problem`) |
+| ``agents[i].device``, ``.quantization`` | a CUDA device exists; bitsandbytes imports |
+| ``task.reward`` | a built-in method, or a custom ``package.module:function`` that imports and grades |
+| ``task.source`` / ``task.knobs`` | the source exists and its knobs are its own; files are read and every |
+| | record's layout detected; generators make a few problems with the given knobs |
+| ``task.eval_source`` / ``eval_knobs`` | the same, and held-out questions never appear in training |
+
+`check_experiment` raises one `ConfigError` holding one paragraph per problem (field, value, what is
+allowed); the command line prints it and exits with code 2.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from workbench.agents.loading import model_problem
+from workbench.config.checks import ConfigError
+from workbench.config.experiment import ExperimentConfig, TaskConfig
+from workbench.core.types import TaskItem
+from workbench.tasks.rewards import reward_problem
+from workbench.tasks.sources import check_disjoint, knobs_of, load_tasks
+from workbench.train.tracking import report_to_problem
+
+__all__ = ["GENERATED_ITEMS", "check_experiment", "experiment_problems", "held_out_sources"]
+
+log = logging.getLogger(__name__)
+
+GENERATED_ITEMS = 16
+"""Problems a generator (``embedded``, ``gym:``) makes in the check: enough to exercise its knobs."""
+
+
+def held_out_sources(task: TaskConfig) -> list[tuple[str, str, Mapping[str, Any]]]:
+    """``(field, source, knobs)`` of every held-out source, resolved as the trainer resolves them.
+
+    ``eval_source`` (None: the training source's ``test`` split) with ``eval_knobs`` (None: ``knobs`` for the
+    same source, else none), then any further ``eval_sources`` (each ``{source, knobs}`` or a name).
+    """
+    source = task.eval_source or task.source
+    knobs = task.eval_knobs
+    if knobs is None:
+        knobs = task.knobs if source == task.source else {}
+    found = [("task.eval_source" if task.eval_source else "task.source", source, knobs)]
+    for i, extra in enumerate(getattr(task, "eval_sources", None) or ()):
+        if isinstance(extra, str):
+            found.append((f"task.eval_sources[{i}]", extra, {}))
+        else:
+            found.append((f"task.eval_sources[{i}]", extra["source"], extra.get("knobs") or {}))
+    return found
+
+
+def _generated(source: str) -> bool:
+    return source == "embedded" or source.startswith("gym:")
+
+
+def _load(
+    field: str, source: str, knobs: Mapping[str, Any], split: str, n: int, seed: int
+) -> tuple[list[TaskItem] | None, str | None]:
+    """Items of one source, or the paragraph naming why they cannot be loaded."""
+    accepted = knobs_of(source)
+    unknown = sorted(set(knobs) - accepted) if accepted is not None else []
+    knobs_field = "task.knobs" if field == "task.source" else field.replace("source", "knobs")
+    if unknown:
+        return None, (
+            f"{knobs_field} = {dict(knobs)} is not allowed for {field} = {source!r}: {unknown} belong to "
+            f"another source; {source!r} accepts {sorted(accepted)}"
+        )
+    size = min(n, GENERATED_ITEMS) if _generated(source) else n
+    try:
+        return load_tasks(source, split=split, n=size, seed=seed, **knobs), None
+    except (ValueError, FileNotFoundError, ImportError, TypeError) as exc:
+        with_knobs = f" with {knobs_field} = {dict(knobs)}" if knobs else ""
+        return None, f"{field} = {source!r}{with_knobs}: {exc}"
+
+
+def _task_problems(cfg: ExperimentConfig) -> list[str]:
+    task = cfg.task
+    train, problem = _load("task.source", task.source, task.knobs, "train", task.train_size, cfg.seed)
+    problems = [problem] if problem else []
+    if not task.eval_size:
+        return problems
+    for field, source, knobs in held_out_sources(task):
+        held_out, problem = _load(field, source, knobs, "test", task.eval_size, cfg.seed)
+        if problem:
+            problems.append(problem)
+        elif train is not None and not (_generated(source) and source == task.source):
+            try:  # generated sources split by hash: disjoint by construction
+                check_disjoint(train, held_out, f"{field} = {source!r}")
+            except ValueError as exc:
+                same = field == "task.source"  # no eval_source: the held-out split of the training source
+                problems.append(
+                    f"task.knobs = {dict(knobs)} with no task.eval_source evaluates on training questions: "
+                    "drop holdout (the default 'hash' holds out part of the file) or set task.eval_source"
+                    if same
+                    else str(exc)
+                )
+    return problems
+
+
+def _agent_problems(cfg: ExperimentConfig) -> list[str]:
+    problems = []
+    for i, spec in enumerate(cfg.agents):
+        problems.append(model_problem(spec.model, f"agents[{i}].model"))
+        if spec.tokenizer:
+            problems.append(model_problem(spec.tokenizer, f"agents[{i}].tokenizer"))
+        if spec.device.startswith("cuda") and not torch.cuda.is_available():
+            problems.append(
+                f"agents[{i}].device = {spec.device!r} is not allowed on this machine: it has no CUDA "
+                "device; use auto or cpu"
+            )
+        if spec.quantization != "none" and importlib.util.find_spec("bitsandbytes") is None:
+            problems.append(
+                f"agents[{i}].quantization = {spec.quantization!r} needs bitsandbytes, which is not "
+                "installed: pip install bitsandbytes, or set quantization: none"
+            )
+    return [p for p in problems if p]
+
+
+def experiment_problems(cfg: ExperimentConfig) -> list[str]:
+    """Every problem of ``cfg`` found without loading a model: one paragraph each (field, value, allowed)."""
+    problems = _agent_problems(cfg)
+    reward = reward_problem(cfg.task.reward)
+    problems += [reward] if reward else []
+    problems += list(dict.fromkeys(_task_problems(cfg)))  # a shared train/held-out source: once
+    report_to = getattr(cfg.output, "report_to", ())
+    if report_to:
+        problem = report_to_problem(report_to)
+        problems += [problem] if problem else []
+    return problems
+
+
+def check_experiment(cfg: ExperimentConfig) -> None:
+    """Raise `ConfigError` naming every problem of ``cfg`` (see `experiment_problems`); None when clean."""
+    problems = experiment_problems(cfg)
+    if problems:
+        head = f"experiment {cfg.experiment!r}: {len(problems)} bad input(s), found before any model loaded:"
+        raise ConfigError("\n\n".join([head, *problems]))
+    log.debug("pre-flight of %s: clean", cfg.experiment)
