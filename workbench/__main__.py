@@ -80,12 +80,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _setup_logging(args.verbose)
     from workbench.config.experiment import ConfigError
+    from workbench.core.lock import RunLockedError
+    from workbench.core.storage import StorageError
 
     try:
         return args.func(args)
-    except (ConfigError, FileNotFoundError) as exc:
+    except (ConfigError, FileNotFoundError, StorageError, RunLockedError) as exc:
+        # Named failures a person can fix (the message says how): one line, no traceback.
         log.error("error: %s", exc)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: train() has logged how to resume
+        return 130
 
 
 if __name__ == "__main__":
