@@ -102,16 +102,20 @@ def main() -> None:
             "generate_and_score", trainer._generate_and_score_completions
         )
 
+        def cpu_s() -> float:
+            usage = resource.getrusage(resource.RUSAGE_SELF)
+            return usage.ru_utime + usage.ru_stime
+
         class Rounds(TrainerCallback):
             def __init__(self) -> None:
-                self.start = time.perf_counter()
+                self.start, self.cpu = time.perf_counter(), cpu_s()
 
             def on_step_end(self, args, state, control, **kwargs):
                 if state.global_step % spec["updates_per_round"] == 0:
-                    now = time.perf_counter()
-                    rounds.append({"step_s": now - self.start, **timers})
+                    now, cpu = time.perf_counter(), cpu_s()
+                    rounds.append({"step_s": now - self.start, "cpu_s": cpu - self.cpu, **timers})
                     timers.update(generate=0.0, generate_and_score=0.0, tokens=0.0)
-                    self.start = now
+                    self.start, self.cpu = now, cpu
 
         trainer.add_callback(Rounds())
         trainer.train()
