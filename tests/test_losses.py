@@ -269,3 +269,18 @@ def test_policy_loss_registry_names_valid_choices():
     assert get_policy_loss("hacpo") is hacpo_policy_loss
     with pytest.raises(ValueError, match=r"valid names: \['grpo', 'gspo', 'hacpo'\]"):
         get_policy_loss("ppo")
+
+
+def test_length_normalized_logp_divides_by_bytes_where_given_and_by_token_count_elsewhere():
+    from workbench.core.losses import length_normalized_logp
+
+    logp = torch.tensor([[-1.0, -3.0, -9.0], [-2.0, -2.0, -2.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    assert torch.equal(length_normalized_logp(logp, mask), masked_mean_logp(logp, mask))
+    # row 0: (-1 - 3) / 8 bytes; row 1: length 0 keeps its own 3 tokens
+    assert length_normalized_logp(logp, mask, torch.tensor([8.0, 0.0])).tolist() == [-0.5, -2.0]
+    new = torch.tensor([math.log(0.9) * 5], requires_grad=True)
+    batch = PolicyBatch(new[:, None], torch.ones(1, 1), torch.zeros(1), torch.ones(1), torch.tensor([False]),
+                        torch.ones(1), 0, None, torch.tensor([5.0]))  # fmt: skip
+    _, stats = hacpo_policy_loss(batch, LossParams())
+    assert stats.ratio_B.item() == pytest.approx(0.9)  # exp(sum / 5 bytes - 0)

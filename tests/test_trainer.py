@@ -211,3 +211,29 @@ def test_one_step_of_the_smollm2_config(tmp_path, smollm2_dir):
     assert df["cost/smollm2/trained_responses"].iloc[-1] == 2 * 2 * 2
     state = load_latest_checkpoint(run_dir)[1]["agent_0"]
     assert state and all("lora" in key for key in state)  # only the adapters are checkpointed
+
+
+def test_recipe_switches_reach_the_step(tmp_path):
+    """eval avg@k, Adam betas, skip_uniform_groups and bytes normalization, from the config to the metrics."""
+    cfg = _config(
+        tmp_path,
+        train={
+            **TINY["train"],
+            "steps": 1,
+            "eval_samples": 2,
+            "adam_beta2": 0.99,
+            "skip_uniform_groups": True,
+        },
+        hacpo={"ratio_normalization": "bytes"},
+    )
+    run_dir = train(cfg)
+    df = load_runs([run_dir])
+    last = df.iloc[-1]
+    for name in ("gpt2-char", "llama-bpe"):
+        assert 0.0 <= last[f"eval/avg@2/{name}"] <= 1.0 and 0.0 <= last[f"eval/acc/{name}"] <= 1.0
+        assert 0.0 <= last[f"adv/{name}/kept_frac"] <= 1.0
+        assert last[f"cost/{name}/trained_responses"] == round(last[f"adv/{name}/kept_frac"] * 2 * 4 * 2)
+    _, state = load_latest_checkpoint(run_dir)
+    assert state["optimizer_0"]["param_groups"][0]["betas"] == (0.9, 0.99)
+    evals = (run_dir / "evals.csv").read_text()
+    assert "avg@2" in evals and "greedy_acc" in evals

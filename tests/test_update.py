@@ -204,3 +204,72 @@ def test_an_engine_that_breaks_the_contract_is_named(char_agent_dir):
     )
     with pytest.raises(ValueError, match="rollout 3: prompt or prompt_ids"):
         worker.rollout(PROMPTS, n=2, seed=0)
+
+
+def test_plan_spreads_kept_rows_over_the_full_batch_update_count():
+    assert plan_micro_batches(4, 10, 6, 4, n_minibatches=2) == [
+        [range(0, 4), range(4, 5)],
+        [range(5, 9), range(9, 10)],
+    ]
+    assert plan_micro_batches(0, 0, 6, 4, n_minibatches=3) == []
+    assert plan_micro_batches(2, 2, 6, 4, n_minibatches=3) == [[range(0, 1)], [range(1, 2)]]  # never empty
+    assert plan_micro_batches(6, 12, 6, 4, n_minibatches=2) == plan_micro_batches(6, 12, 6, 4)
+
+
+def _update(learner, own, cross, advantages_P_A_G, settings, **batch_kwargs):
+    scores = score_self(learner, self_token_batch(own, learner.pad_token_id), settings)
+    batch = build_learner_batch(
+        learner, 0, own, cross, advantages_P_A_G, torch.tensor([1.0, 2.0]), **batch_kwargs
+    )
+    optimizer = torch.optim.AdamW(learner.trainable_parameters(), lr=1e-3)
+    return batch, update_learner(learner, optimizer, batch, scores, LossParams(), settings)
+
+
+def test_skip_uniform_groups_leaves_out_zero_advantage_prompts_and_keeps_the_update_count(pair):
+    learner, own, cross, advantages_P_A_G = pair
+    skipping = dataclasses.replace(SETTINGS, skip_uniform_groups=True)
+    uniform = advantages_P_A_G.clone()
+    uniform[1] = 0.0  # prompt 1: every sample of every author has advantage 0
+    before = {k: v.clone() for k, v in learner.model.state_dict().items()}
+    batch, out = _update(learner, own, cross, uniform, skipping)
+    left_out = torch.tensor([r.prompt_index == 1 for r in batch.rollouts])
+    assert out.ratio_B[left_out].isnan().all() and not out.ratio_B[~left_out].isnan().any()
+    assert out.kept == int((~left_out).sum()) and out.n_updates == len(plan_micro_batches(6, 12, 6, 4))
+    metrics = update_module.learner_metrics("char", ["char", "bpe"], batch, out)
+    assert metrics["adv/char/kept_frac"] == pytest.approx(out.kept / len(batch))
+    assert metrics["cost/char/trained_responses"] == out.kept
+    assert any(not torch.equal(before[k], v) for k, v in learner.model.state_dict().items())
+
+
+def test_skip_uniform_groups_with_nothing_to_skip_is_the_plain_update_bit_for_bit(pair, char_agent_dir):
+    learner, own, cross, advantages_P_A_G = pair
+    twin = load_agent(str(char_agent_dir))
+    _, plain = _update(learner, own, cross, advantages_P_A_G, SETTINGS)
+    _, skipping = _update(
+        twin, own, cross, advantages_P_A_G, dataclasses.replace(SETTINGS, skip_uniform_groups=True)
+    )
+    assert plain.losses == skipping.losses and torch.equal(plain.ratio_B, skipping.ratio_B)
+    for (name, a), b in zip(learner.model.state_dict().items(), twin.model.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def test_bytes_normalization_puts_both_log_likelihoods_of_a_shared_text_per_byte(pair):
+    learner, own, cross, advantages_P_A_G = pair
+    by_tokens = build_learner_batch(learner, 0, own, cross, advantages_P_A_G, torch.ones(2))
+    by_bytes = build_learner_batch(
+        learner, 0, own, cross, advantages_P_A_G, torch.ones(2), ratio_normalization="bytes"
+    )
+    n_own = len(own)
+    assert (by_bytes.length_B[:n_own] == 0).all() and (by_tokens.length_B == 0).all()
+    for b, r in enumerate(cross, start=n_own):
+        n_bytes = max(1, len(r.text.encode("utf-8")))
+        assert by_bytes.length_B[b] == n_bytes
+        assert by_bytes.old_logp_mean_B[b].item() == pytest.approx(r.old_logp_sum / n_bytes)
+        assert by_tokens.old_logp_mean_B[b].item() == pytest.approx(r.old_logp_mean)
+    assert torch.equal(by_bytes.old_logp_mean_B[:n_own], by_tokens.old_logp_mean_B[:n_own])
+    _, out = _update(learner, own, cross, advantages_P_A_G, SETTINGS, ratio_normalization="bytes")
+    assert torch.isfinite(out.ratio_B).all()
+    with pytest.raises(ValueError, match="ratio_normalization = 'chars' is not allowed"):
+        build_learner_batch(
+            learner, 0, own, cross, advantages_P_A_G, torch.ones(2), ratio_normalization="chars"
+        )

@@ -28,6 +28,7 @@ __all__ = [
     "grpo_policy_loss",
     "gspo_policy_loss",
     "hacpo_policy_loss",
+    "length_normalized_logp",
     "low_var_kl",
     "masked_mean_logp",
     "sequence_ratio",
@@ -131,6 +132,10 @@ class PolicyBatch:
         cross_coef_B: ω^(source, learner) per sample (Eq. 10; 1 for self samples and when switched off).
         minibatch_index: m, the learner's optimizer updates already done this step (Eq. 14).
         old_logp_B_T: The learner's old token log-probs, aligned with ``logp_B_T`` (token-level losses).
+        length_B: What each row's summed log-prob is divided by to give its per-length mean, where it is
+            not the row's own token count: > 0 replaces the count (the UTF-8 byte length of a shared
+            response under ``ratio_normalization: bytes``), 0 keeps it; None = token counts everywhere
+            (Eq. 25). ``old_logp_mean_B`` must then be normalised the same way.
     """
 
     logp_B_T: torch.Tensor
@@ -141,6 +146,7 @@ class PolicyBatch:
     cross_coef_B: torch.Tensor
     minibatch_index: int = 0
     old_logp_B_T: torch.Tensor | None = None
+    length_B: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -193,8 +199,25 @@ def _gspo_self_objective(
     return objective_B, was_clipped_B
 
 
+def length_normalized_logp(
+    logp_B_T: torch.Tensor, mask_B_T: torch.Tensor, length_B: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Per-sequence log-prob divided by a length: its own token count (Eq. 25), or ``length_B`` where > 0.
+
+    Beyond the paper: a shared response's two log-probs (learner's, source's) are sums over different
+    tokenizations; dividing both by the same UTF-8 byte length puts them on one scale (the learner's per-token
+    mean over a character vocabulary and the source's over a BPE vocabulary are not comparable).
+    """
+    if length_B is None:
+        return masked_mean_logp(logp_B_T, mask_B_T)
+    mask_B_T = mask_B_T.to(logp_B_T.dtype)
+    total_B = torch.where(mask_B_T > 0, logp_B_T, torch.zeros_like(logp_B_T)).sum(dim=-1)
+    count_B = torch.where(length_B > 0, length_B.to(total_B.dtype), mask_B_T.sum(dim=-1))
+    return total_B / count_B.clamp_min(1.0)
+
+
 def _ratio(batch: PolicyBatch, params: LossParams) -> torch.Tensor:
-    new_logp_mean_B = masked_mean_logp(batch.logp_B_T, batch.mask_B_T)
+    new_logp_mean_B = length_normalized_logp(batch.logp_B_T, batch.mask_B_T, batch.length_B)
     return sequence_ratio(new_logp_mean_B, batch.old_logp_mean_B, params.max_abs_log_ratio)
 
 

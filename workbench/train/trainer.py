@@ -97,7 +97,13 @@ class Trainer:
         if eval_knobs is None:
             eval_knobs = cfg.task.knobs if eval_source == cfg.task.source else {}
         self.eval_items: list[TaskItem] = (
-            load_tasks(eval_source, split="test", n=cfg.task.eval_size, seed=cfg.seed, **eval_knobs)
+            load_tasks(
+                eval_source,
+                split="test",
+                n=cfg.task.eval_size,
+                seed=cfg.seed if cfg.task.eval_seed is None else cfg.task.eval_seed,
+                **eval_knobs,
+            )
             if cfg.task.eval_size
             else []
         )
@@ -142,7 +148,11 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------ evaluation
     def evaluate(self) -> dict[str, float]:
-        """Greedy accuracy of every agent on the held-out split, appended to ``evals.csv``."""
+        """Greedy accuracy and sampled avg@k of every agent on the held-out items, appended to ``evals.csv``.
+
+        Logs ``eval/acc/<agent>`` (greedy) and ``eval/avg@k/<agent>`` (k = ``train.eval_samples`` responses
+        per item at ``train.eval_temperature``, when k > 0).
+        """
         if not self.eval_items:
             return {}
         t, task = self.cfg.train, self.cfg.task
@@ -152,13 +162,17 @@ class Trainer:
             "benchmark": task.eval_source or task.source,
             "instruction": task.instruction,
             "method": task.reward,
+            "k": t.eval_samples,
+            "temperature": t.eval_temperature,
         }
         metrics, rows = {}, []
-        for name, (agent_rows, greedy_acc) in zip(
+        for name, (agent_rows, values) in zip(
             self.names, self.executor.each("evaluate", [kwargs] * len(self.names))
         ):
             rows += agent_rows
-            metrics[f"eval/acc/{name}"] = greedy_acc
+            metrics[f"eval/acc/{name}"] = values["greedy_acc"]
+            if t.eval_samples:
+                metrics[f"eval/avg@{t.eval_samples}/{name}"] = values[f"avg@{t.eval_samples}"]
         self.writer.append_evals(self.step, rows)
         return metrics
 
@@ -350,6 +364,7 @@ def _worker_settings(cfg: ExperimentConfig) -> WorkerSettings:
             temperature=t.temperature,
             kl_coef=t.kl_coef,
             grad_clip=t.grad_clip,
+            skip_uniform_groups=t.skip_uniform_groups,
         ),
         loss=LossParams(
             eps_low=eps_low,
@@ -364,6 +379,8 @@ def _worker_settings(cfg: ExperimentConfig) -> WorkerSettings:
         weight_decay=t.weight_decay,
         top_p=t.top_p,
         max_new_tokens=t.max_new_tokens,
+        betas=(t.adam_beta1, t.adam_beta2),
+        ratio_normalization=h.ratio_normalization,
     )
 
 

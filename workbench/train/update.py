@@ -14,6 +14,7 @@ method; the per-sample `SampleStats` it returns are aggregated once, by `learner
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -57,6 +58,9 @@ class UpdateSettings:
     """low_var_kl coefficient on self samples (0 = no reference pass)."""
     grad_clip: float
     """Gradient-norm clip."""
+    skip_uniform_groups: bool = False
+    """Leave out the samples of prompts whose advantages are all 0 in the learner's batch; the kept samples
+    are spread over as many mini-batches as the full batch has (so the update count stays the same)."""
 
 
 @dataclass
@@ -109,21 +113,35 @@ class LearnerUpdate:
     kls: list[float] = field(default_factory=list)
     grad_norms: list[float] = field(default_factory=list)
     n_updates: int = 0
+    kept: int = 0
+    """Samples trained on (fewer than the batch under ``skip_uniform_groups``)."""
+    skipping: bool = False
+    """``skip_uniform_groups`` was on (the kept fraction is logged)."""
 
 
-def plan_micro_batches(n_self: int, n: int, minibatch_size: int, micro_batch_size: int) -> list[list[range]]:
+def plan_micro_batches(
+    n_self: int, n: int, minibatch_size: int, micro_batch_size: int, *, n_minibatches: int | None = None
+) -> list[list[range]]:
     """Row ranges of each mini-batch's micro-batches; none mixes self rows (< n_self) and cross rows.
 
     Mini-batch m holds rows ``[m·minibatch_size, (m+1)·minibatch_size)`` (the stepwise bound of Eq. 14 counts
     them); within it, micro-batches of ``micro_batch_size`` rows start afresh at the self/cross boundary, so
-    the learner's own rows are scored and trained in identical micro-batches whatever follows them.
+    the learner's own rows are scored and trained in identical micro-batches whatever follows them. With
+    ``n_minibatches`` the n rows are spread evenly over that many mini-batches instead
+    (``skip_uniform_groups``).
 
     >>> plan_micro_batches(3, 8, 4, 2)
     [[range(0, 2), range(2, 3), range(3, 4)], [range(4, 6), range(6, 8)]]
     """
+    if n == 0:
+        return []
+    if n_minibatches is None:
+        bounds = [*range(0, n, minibatch_size), n]
+    else:
+        count = max(1, min(n_minibatches, n))
+        bounds = [round(i * n / count) for i in range(count + 1)]
     plan = []
-    for start in range(0, n, minibatch_size):
-        stop = min(start + minibatch_size, n)
+    for start, stop in itertools.pairwise(bounds):
         cuts = [start] + ([n_self] if start < n_self < stop else []) + [stop]
         plan.append(
             [
@@ -167,6 +185,59 @@ def score_self(agent: Agent, tokens: TokenBatch, settings: UpdateSettings) -> Se
     return SelfScores(micros, old_mean_B, sums, counts)
 
 
+def _regroup(rows_T: list[torch.Tensor], view: TokenBatch) -> torch.Tensor:
+    """Per-row token log-probs (each its row's valid prefix) stacked into ``view``'s ``(B, T - 1)`` layout."""
+    out_B_T = rows_T[0].new_zeros((len(rows_T), view.input_ids_B_T.shape[1] - 1))
+    for b, row_T in enumerate(rows_T):
+        out_B_T[b, : len(row_T)] = row_T
+    return out_B_T
+
+
+def _restrict(
+    batch: LearnerBatch, scores: SelfScores, keep: list[int], settings: UpdateSettings
+) -> tuple[LearnerBatch, SelfScores, list[list[range]]]:
+    """The batch and self scores restricted to ``keep``, and the plan spreading them over the full batch's
+    mini-batch count (``skip_uniform_groups``).
+
+    The kept self rows' old and reference log-probs are cut out of the scored micro-batches and regrouped
+    into the new ones (no second pass): a self ratio is then 1 up to float noise of the regrouping, not bit
+    for bit.
+    """
+    n_self = len(scores.old_logp_mean_B)
+    n_minibatches = len(
+        plan_micro_batches(n_self, len(batch), settings.minibatch_size, settings.micro_batch_size)
+    )
+    per_row: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
+    for micro in scores.micros:
+        widths = micro.view.attention_mask_B_T.sum(dim=-1).tolist()
+        for b, row in enumerate(micro.rows):
+            ref = micro.ref_logp_B_T[b, : widths[b] - 1] if micro.ref_logp_B_T is not None else None
+            per_row[row] = (micro.old_logp_B_T[b, : widths[b] - 1], ref)
+    sub = batch.select(keep)
+    kept_self = [row for row in keep if row < n_self]
+    plan = plan_micro_batches(
+        len(kept_self),
+        len(keep),
+        settings.minibatch_size,
+        settings.micro_batch_size,
+        n_minibatches=n_minibatches,
+    )
+    micros = []
+    for rows in (rows for micro_rows in plan for rows in micro_rows if rows.start < len(kept_self)):
+        view = sub.tokens.select(rows)
+        old = _regroup([per_row[kept_self[r]][0] for r in rows], view)
+        refs = [per_row[kept_self[r]][1] for r in rows]
+        micros.append(_Micro(rows, view, old, None if refs[0] is None else _regroup(refs, view)))
+    index = torch.tensor(kept_self, dtype=torch.long)
+    restricted = SelfScores(
+        micros,
+        scores.old_logp_mean_B[index.to(scores.old_logp_mean_B.device)],
+        [scores.old_logp_sum[r] for r in kept_self],
+        [scores.old_logp_count[r] for r in kept_self],
+    )
+    return sub, restricted, plan
+
+
 def _on_device(batch: LearnerBatch, scores: SelfScores, device: torch.device) -> dict[str, torch.Tensor]:
     """The batch's per-sample tensors on the learner's device, self rows' old means from ``scores``."""
     n_self = len(scores.old_logp_mean_B)
@@ -177,6 +248,7 @@ def _on_device(batch: LearnerBatch, scores: SelfScores, device: torch.device) ->
         "advantages_B": batch.advantages_B.to(device),
         "is_self_B": batch.is_self_B.to(device),
         "cross_coef_B": batch.cross_coef_B.to(device),
+        "length_B": batch.length_B.to(device),
     }
 
 
@@ -215,10 +287,23 @@ def update_learner(
         raise ValueError(f"the batch's first {n_self} rows must be the scored own samples (self first)")
     if settings.loss in losses.TOKEN_LEVEL_LOSSES and n_self < n:
         raise ValueError(f"the token-level loss {settings.loss!r} cannot train on other agents' samples")
+    full_n, kept_B = n, torch.arange(n)
+    if settings.skip_uniform_groups:
+        keep = batch.informative_rows()
+        batch, scores, plan = _restrict(batch, scores, keep, settings)
+        n, n_self, kept_B = len(batch), len(scores.old_logp_mean_B), torch.tensor(keep, dtype=torch.long)
+    else:
+        plan = plan_micro_batches(n_self, n, settings.minibatch_size, settings.micro_batch_size)
     own = {(m.rows.start, m.rows.stop): m for m in scores.micros}
-    plan = plan_micro_batches(n_self, n, settings.minibatch_size, settings.micro_batch_size)
     sample_B = _on_device(batch, scores, agent.device)
-    out = LearnerUpdate(*(torch.zeros(n) for _ in range(4)), n_updates=len(plan))
+    by_bytes = bool((batch.length_B > 0).any())
+    # Rows left out of the update (skip_uniform_groups) keep NaN statistics: they are not counted.
+    out = LearnerUpdate(
+        *(torch.full((full_n,), math.nan) for _ in range(4)),
+        n_updates=len(plan),
+        kept=n,
+        skipping=settings.skip_uniform_groups,
+    )
     for m, micro_rows in enumerate(plan):
         optimizer.zero_grad(set_to_none=True)
         mb_len = sum(len(rows) for rows in micro_rows)
@@ -241,6 +326,7 @@ def update_learner(
                 cross_coef_B=sample_B["cross_coef_B"][part],
                 minibatch_index=m,
                 old_logp_B_T=cached.old_logp_B_T if cached is not None else None,
+                length_B=sample_B["length_B"][part] if by_bytes else None,
             )
             loss, stats = loss_fn(policy_batch, params)
             total = loss
@@ -255,7 +341,7 @@ def update_learner(
             (total * len(rows) / mb_len).backward()
             out.losses.append(loss.item())
             for name in ("ratio_B", "lower_B", "upper_B", "clipped_B"):
-                getattr(out, name)[part] = getattr(stats, name).float().cpu()
+                getattr(out, name)[kept_B[part]] = getattr(stats, name).float().cpu()
         params_ = agent.trainable_parameters()
         out.grad_norms.append(torch.nn.utils.clip_grad_norm_(params_, settings.grad_clip).item())
         optimizer.step()
@@ -269,23 +355,27 @@ def learner_metrics(
 
     ``clip_frac`` is the share of a source's samples whose gradient clipping removed (the loss's own
     definition: the clipped branch of GSPO's min, or a cross ratio outside [lb_m, 1]); for cross sources
-    ``in_range_frac`` is the share that gave gradient.
+    ``in_range_frac`` is the share that gave gradient. Under ``skip_uniform_groups`` only the kept samples
+    count (``adv/<learner>/kept_frac`` is their share).
     """
+    kept_B = ~update.ratio_B.isnan()
     metrics = {
         f"loss/{name}": sum(update.losses) / max(len(update.losses), 1),
         f"grad_norm/{name}": sum(update.grad_norms) / max(len(update.grad_norms), 1),
         f"adv/{name}/mean": batch.advantages_B.mean().item(),
         f"adv/{name}/abs_mean": batch.advantages_B.abs().mean().item(),
-        f"cost/{name}/trained_responses": float(len(batch)),
-        f"cost/{name}/trained_tokens": float(batch.tokens.response_mask_B_T.sum().item()),
+        f"cost/{name}/trained_responses": float(kept_B.sum().item()),
+        f"cost/{name}/trained_tokens": float(batch.tokens.response_mask_B_T[kept_B].sum().item()),
         f"cost/{name}/updates": float(update.n_updates),
     }
+    if update.skipping:
+        metrics[f"adv/{name}/kept_frac"] = update.kept / max(len(batch), 1)
     if update.kls:
         metrics[f"kl/{name}"] = sum(update.kls) / len(update.kls)
     for key, value in batch.sharing_stats.items():
         metrics[f"share/{name}/{key}"] = value
     for a, source in enumerate(names):
-        sel = batch.source_B == a
+        sel = (batch.source_B == a) & kept_B
         if not sel.any():
             continue
         prefix = f"is/{name}/{source}"

@@ -60,6 +60,10 @@ class WorkerSettings:
     """Rollout nucleus threshold."""
     max_new_tokens: int
     """Rollout length cap."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW (β1, β2)."""
+    ratio_normalization: str = "tokens"
+    """How a cross sample's log-likelihoods are length-normalised (``tokens`` or ``bytes``)."""
 
 
 class AgentWorker:
@@ -95,7 +99,10 @@ class AgentWorker:
         self.index, self.names, self.settings = index, names, settings
         self.agent = load_agent(spec)
         self.optimizer = torch.optim.AdamW(
-            self.agent.trainable_parameters(), lr=settings.lr, weight_decay=settings.weight_decay
+            self.agent.trainable_parameters(),
+            lr=settings.lr,
+            betas=settings.betas,
+            weight_decay=settings.weight_decay,
         )
         self.engine = engine(self.agent)
         self._own: list[Rollout] = []
@@ -161,7 +168,13 @@ class AgentWorker:
         if self._scores is None:
             raise RuntimeError(f"agent {self.agent.name!r}: update before rollout in this step")
         batch = build_learner_batch(
-            self.agent, self.index, self._own, [as_cross_rollout(r) for r in cross], advantages_P_A_G, coef_A
+            self.agent,
+            self.index,
+            self._own,
+            [as_cross_rollout(r) for r in cross],
+            advantages_P_A_G,
+            coef_A,
+            ratio_normalization=self.settings.ratio_normalization,
         )
         scores, self._scores = self._scores, None  # one update per rollout: the scores are of the old policy
         with precision(self.agent):
@@ -187,13 +200,25 @@ class AgentWorker:
         }
         return UpdateReport(learner_metrics(self.agent.name, self.names, batch, update), samples)
 
-    def evaluate(self, items: list[TaskItem], **kwargs: Any) -> tuple[list[dict[str, Any]], float]:
-        """Greedy evaluation (keyword arguments of `workbench.train.evaluate.evaluate`): rows, accuracy."""
+    def evaluate(
+        self, items: list[TaskItem], *, k: int = 0, **kwargs: Any
+    ) -> tuple[list[dict[str, Any]], dict[str, float]]:
+        """Greedy accuracy and, with ``k`` > 0, sampled avg@k (`workbench.train.evaluate.evaluate` keywords).
+
+        Returns:
+            The summary rows for ``evals.csv`` and ``{"greedy_acc": ..., "avg@k": ...}``.
+        """
         with precision(self.agent):
-            result = evaluate(self.agent, items, k=1, greedy=True, agent_name=self.agent.name, **kwargs)
+            result = evaluate(self.agent, items, k=k, greedy=True, agent_name=self.agent.name, **kwargs)
         summary = result.summary
-        greedy = summary.loc[summary["metric"] == "greedy_acc", "value"]
-        return result.rows(), float(greedy.iloc[0]) if len(greedy) else float("nan")
+        wanted = ["greedy_acc"] + ([f"avg@{k}"] if k else [])
+        values = {
+            metric: float(summary.loc[summary["metric"] == metric, "value"].iloc[0])
+            if (summary["metric"] == metric).any()
+            else float("nan")
+            for metric in wanted
+        }
+        return result.rows(), values
 
     # ----------------------------------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
