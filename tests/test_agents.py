@@ -262,6 +262,13 @@ def test_inverse_cdf_sampling_draws_the_tempered_distribution():
     assert len(set(picks.tolist())) > 3000
 
 
+def test_inverse_cdf_never_draws_a_zero_probability_token_when_u_rounds_onto_the_total(monkeypatch):
+    logits_B_V = torch.tensor([[0.0, 0.0, -math.inf]]).expand(50, -1)
+    monkeypatch.setattr(torch, "rand", lambda shape, **kw: torch.ones(shape, dtype=torch.float64))
+    picks = _pick_B(logits_B_V, 1.0, 1.0, torch.Generator().manual_seed(0))
+    assert set(picks.tolist()) <= {0, 1} and len(set(picks.tolist())) == 2
+
+
 def test_sampling_in_several_batches_is_seeded_prompt_major_and_greedy_exact(char_agent):
     """Rows sampled in length-sorted batches come back prompt-major, fixed by a seed; greedy unchanged."""
     prompts = ["1+2", "9*9*9-8", "4", "5*6+7*8"]

@@ -86,7 +86,9 @@ def _pick_B(
     pick_B = torch.minimum(torch.searchsorted(cdf_B_V, u_B, right=True), kept_B - 1)
     zero_B = probs_B_V.gather(-1, pick_B).squeeze(-1) == 0  # u rounded onto the total: never a zero token
     if zero_B.any():
-        masked_B_V = probs_B_V[zero_B].masked_fill(torch.arange(cdf_B_V.shape[1]) >= kept_B[zero_B], 0.0)
+        masked_B_V = probs_B_V[zero_B].masked_fill(
+            torch.arange(cdf_B_V.shape[1], device=cdf_B_V.device) >= kept_B[zero_B], 0.0
+        )
         pick_B[zero_B] = torch.multinomial(masked_B_V, 1, generator=generator)
     pick_B = pick_B.squeeze(-1)
     return pick_B if order_B_V is None else order_B_V.gather(-1, pick_B[:, None]).squeeze(-1)
