@@ -237,3 +237,22 @@ def test_recipe_switches_reach_the_step(tmp_path):
     assert state["optimizer_0"]["param_groups"][0]["betas"] == (0.9, 0.99)
     evals = (run_dir / "evals.csv").read_text()
     assert "avg@2" in evals and "greedy_acc" in evals
+
+
+def test_a_finished_run_made_by_other_code_is_not_reused_silently(tmp_path, monkeypatch, caplog):
+    import workbench.train.run as run_module
+
+    cfg = _config(
+        tmp_path, train={**TINY["train"], "steps": 1, "eval_every": 0}, task={**TINY["task"], "eval_size": 2}
+    )
+    first = train(cfg)
+    assert train(cfg) == first  # same config, same code: reused
+    monkeypatch.setattr(run_module, "code_version", lambda: "0123456789ab")  # as if the code had changed
+    with caplog.at_level("INFO", logger="workbench.train.run"):
+        second = train(cfg)
+    assert second != first and (second / "DONE").exists()
+    assert f"run {first} has this config but was made by other code" in caplog.text
+    assert train(cfg, reuse_other_code=True) in (
+        first,
+        second,
+    )  # explicitly allowed: a matching run is reused

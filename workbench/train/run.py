@@ -39,7 +39,8 @@ from workbench.train.checkpoint import (
     load_latest_checkpoint,
     tensor_bytes,
 )
-from workbench.train.rundir import RunWriter, config_hash, create_run_dir, find_run
+from workbench.train.environment import code_version
+from workbench.train.rundir import RunWriter, config_hash, create_run_dir, find_run, run_code_version
 from workbench.train.trainer import Trainer
 
 __all__ = ["RUN_LOCK", "fit", "train"]
@@ -57,11 +58,14 @@ def train(
     overrides: list[str] | dict[str, Any] | None = None,
     on_step: Callable[[dict[str, Any]], None] | None = None,
     resume: bool = True,
+    reuse_other_code: bool = False,
 ) -> Path:
     """Run an experiment and return its run directory ``results/<experiment>/<run-id>/``.
 
-    With ``resume=True`` a run of the same experiment and identical resolved config continues from its
-    latest intact checkpoint, and a finished one is returned as it is (nothing is recomputed).
+    With ``resume=True`` a run of the same experiment, identical resolved config and the same code version
+    (`workbench.train.environment.code_version`: the package source and the zoo recipe) continues from its
+    latest intact checkpoint, and a finished one is returned as it is (nothing is recomputed). A matching run
+    made by other code is not reused: a new run starts, and a log line names the old one.
 
     Args:
         config: A config object or the path of an experiment YAML.
@@ -69,6 +73,8 @@ def train(
         on_step: Called with each step's metrics.
         resume: Continue/skip a matching run instead of starting a new one; False always starts a separate
             run (a new directory, never shared).
+        reuse_other_code: Also resume or reuse a matching run made by other code (its tables then say which
+            code version made it, `workbench.lab.frames.select_runs`).
 
     Returns:
         The run directory.
@@ -84,7 +90,7 @@ def train(
     run_dir: Path | None = None
     try:
         exp_dir = ensure_writable_dir(Path(cfg.output.root) / cfg.experiment)
-        run_dir, lock = _claim_run(cfg, exp_dir, resume, separate_how)
+        run_dir, lock = _claim_run(cfg, exp_dir, resume, separate_how, reuse_other_code)
         if lock is None:
             return run_dir
         with lock:
@@ -97,7 +103,7 @@ def train(
 
 
 def _claim_run(
-    cfg: ExperimentConfig, exp_dir: Path, resume: bool, separate_how: str
+    cfg: ExperimentConfig, exp_dir: Path, resume: bool, separate_how: str, reuse_other_code: bool = False
 ) -> tuple[Path, DirectoryLock | None]:
     """Pick (resume: the newest run of this config) or create the run directory, and take its lock.
 
@@ -113,7 +119,7 @@ def _claim_run(
         "A run directory has one writer: wait for that run to finish, stop it, or start a separate run "
         f"({separate_how})."
     )
-    run_dir = find_run(exp_dir.parent, cfg.experiment, config_hash(cfg_dict)) if resume else None
+    run_dir = _matching_run(exp_dir, cfg, config_hash(cfg_dict), reuse_other_code) if resume else None
     if run_dir is None:
         run_dir = create_run_dir(exp_dir.parent, cfg.experiment, run_id=cfg.output.run_id)
     elif RunWriter(run_dir).is_done():
@@ -130,6 +136,23 @@ def _claim_run(
         lock.release()
         raise
     return run_dir, lock
+
+
+def _matching_run(exp_dir: Path, cfg: ExperimentConfig, cfg_hash: str, reuse_other_code: bool) -> Path | None:
+    """The run to resume or reuse: same config and, unless ``reuse_other_code``, the same code version."""
+    version = None if reuse_other_code else code_version()
+    run_dir = find_run(exp_dir.parent, cfg.experiment, cfg_hash, code_version=version)
+    if run_dir is None and version is not None:
+        other = find_run(exp_dir.parent, cfg.experiment, cfg_hash)
+        if other is not None:
+            log.info(
+                "run %s has this config but was made by other code (code version %s, now %s): starting a new "
+                "run; pass --reuse-other-code (reuse_other_code=True) to resume or reuse it instead",
+                other,
+                run_code_version(other),
+                version,
+            )
+    return run_dir
 
 
 def _run_locked(

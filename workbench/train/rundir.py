@@ -44,6 +44,7 @@ __all__ = [
     "config_hash",
     "create_run_dir",
     "find_run",
+    "run_code_version",
 ]
 
 logger = logging.getLogger(__name__)
@@ -121,11 +122,23 @@ def _read_config(run_dir: Path) -> dict[str, Any]:
     return cfg
 
 
-def find_run(root: Path | str, experiment: str, cfg_hash: str) -> Path | None:
+def run_code_version(run_dir: Path | str) -> str | None:
+    """The `code_version` that started a run (``environment.json``), or None when it is not recorded."""
+    try:
+        value = _read_json(Path(run_dir) / "environment.json").get("code_version")
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, str) else None
+
+
+def find_run(
+    root: Path | str, experiment: str, cfg_hash: str, *, code_version: str | None = None
+) -> Path | None:
     """The newest run of ``experiment`` whose ``config.yaml`` hashes to ``cfg_hash`` (for resume/skip).
 
-    "Newest" is by ``config.yaml`` modification time, then by name. Unreadable configs are skipped with a
-    warning.
+    With ``code_version``, only runs started by that code version count (`run_code_version`): a run made by
+    other code is never resumed or reused silently. "Newest" is by ``config.yaml`` modification time, then by
+    name. Unreadable configs are skipped with a warning.
     """
     exp_dir = Path(root) / experiment
     if not exp_dir.is_dir():
@@ -137,7 +150,9 @@ def find_run(root: Path | str, experiment: str, cfg_hash: str) -> Path | None:
         except (OSError, ValueError, yaml.YAMLError) as err:
             logger.warning("find_run: skipping %s: %s", cfg_path, err)
             continue
-        if config_hash(cfg) == cfg_hash:
+        if config_hash(cfg) == cfg_hash and (
+            code_version is None or run_code_version(cfg_path.parent) == code_version
+        ):
             matches.append((cfg_path.stat().st_mtime_ns, cfg_path.parent.name, cfg_path.parent))
     return max(matches)[2] if matches else None
 
