@@ -1,17 +1,27 @@
-"""Command line: ``python -m workbench {run,demo,reproduce}``.
+"""Command line: ``python -m workbench {run,demo,reproduce,eval,export,summarize}``.
 
-- ``run EXPERIMENT.yaml [--set key=value ...]``: train one experiment (resumes a matching unfinished run).
-- ``demo``: the main job — the quickstart notebook on the embedded default (HACPO vs GSPO), then a table.
-- ``reproduce [--smoke] [--only NAME ...]``: re-execute every benchmark/ablation notebook with papermill.
+- ``run EXPERIMENT.yaml [--set key=value ...] [--seeds 0,1,2] [--dry-run]``: train one experiment, one run
+  directory per seed (a matching unfinished run resumes); ``--dry-run`` checks it and prints the resolved
+  config without loading a model.
+- ``demo [--seeds ...]``: the main job — the quickstart notebook (HACPO vs GSPO), then a table.
+- ``reproduce [--smoke] [--only NAME ...] [--seeds ...]``: re-execute every benchmark/ablation notebook.
+- ``eval TARGET``: a run's trained agents (or a model) on benchmarks and task sources: avg@k, pass@k, best@k.
+- ``export RUN_DIR [--merged]``: each trained agent written with ``save_pretrained``.
+- ``summarize [RESULTS_ROOT]``: the results summary (tables with seeds) and, optionally, the README section.
+
+Every bad input ends with exit code 2 and a paragraph naming the field, the value and what is allowed, found
+before any model loads (`workbench.train.preflight`).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported (2-core machines)
 
@@ -26,11 +36,50 @@ def _setup_logging(verbose: bool) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-def _cmd_run(args: argparse.Namespace) -> int:
-    from workbench.train.run import train
+def _seeds(text: str) -> tuple[int, ...]:
+    """``--seeds 0,1,2`` → ``(0, 1, 2)``."""
+    try:
+        seeds = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        seeds = ()
+    if not seeds or min(seeds) < 0 or len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed: distinct integers >= 0, e.g. 0,1,2")
+    return seeds
 
-    run_dir = train(args.experiment, overrides=args.set, resume=not args.fresh)
-    log.info("run directory: %s", run_dir)
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    import yaml
+
+    from workbench.config.experiment import expand_seeds
+    from workbench.config.loading import load_experiment
+    from workbench.core.paths import project_path
+    from workbench.train.preflight import check_experiment
+
+    cfg = load_experiment(project_path(args.experiment), args.set)
+    if args.seeds:
+        cfg = dataclasses.replace(cfg, seeds=args.seeds)
+    check_experiment(cfg)
+    configs = expand_seeds(cfg)
+    if args.dry_run:
+        log.info("%s", yaml.safe_dump(cfg.to_dict(), sort_keys=False, allow_unicode=True).rstrip())
+        log.info(
+            "# checked: no bad input; would train %d run(s), seeds %s",
+            len(configs),
+            [c.seed for c in configs],
+        )
+        return 0
+    from workbench.train.run import train
+    from workbench.train.tracking import Tracker
+
+    for seed_cfg in configs:
+        with Tracker(seed_cfg) as tracker:
+            run_dir = train(
+                seed_cfg,
+                on_step=tracker.on_step,
+                resume=not args.fresh,
+                reuse_other_code=args.reuse_other_code,
+            )
+        log.info("run directory (seed %d): %s", seed_cfg.seed, run_dir)
     return 0
 
 
@@ -38,13 +87,16 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from workbench.lab.runner import run_quickstart
 
     start = time.perf_counter()
+    seeds = list(args.seeds or (0,))
     log.info("executing notebooks/01_quickstart.ipynb (HACPO and GSPO; builds the tiny agents on first use)")
-    outputs = run_quickstart(smoke=args.smoke, progress=True)
-    table = outputs["table"]
-    log.info(
-        "\nHeld-out greedy accuracy per agent: before training, after each method, and the difference:\n%s",
-        table.round(3).to_string(),
-    )
+    outputs = run_quickstart(smoke=args.smoke, seeds=seeds, progress=True)
+    log.info("\n%s", outputs["text"].rstrip())
+    if len(seeds) == 1:
+        log.info(
+            "\nOne seed (%d) is a smoke test, not a result: `python -m workbench demo --seeds 0,1,2` gives "
+            "mean ± std over three.",
+            seeds[0],
+        )
     log.info("\nwrote:")
     for path in outputs["files"]:
         log.info("  %s", path)
@@ -55,28 +107,154 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _cmd_reproduce(args: argparse.Namespace) -> int:
     from workbench.lab.runner import reproduce
 
-    index = reproduce(smoke=args.smoke, only=args.only or None, progress=True)
+    index = reproduce(smoke=args.smoke, only=args.only or None, seeds=args.seeds, progress=True)
     log.info("index: %s", index)
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m workbench`` and the ``hacpo-workbench`` script."""
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from workbench.agents.agent import AgentLoadError
+    from workbench.config.checks import ConfigError
+    from workbench.lab.evaluation import evaluate_target
+
+    try:
+        report = evaluate_target(
+            args.target,
+            agents=args.agent,
+            sources=args.source,
+            n=args.n,
+            k=args.k,
+            temperature=args.temperature,
+            max_new_tokens=args.max_new_tokens,
+            reward=args.reward,
+            metric=args.metric,
+            seed=args.seed,
+            out_dir=args.out,
+        )
+    except AgentLoadError as exc:
+        raise ConfigError(str(exc)) from None
+    log.info(
+        "\n%s per agent and benchmark (Table-1 layout, one run each):\n%s",
+        report.metric,
+        report.table.round(3).to_string(),
+    )
+    log.info("\nwrote:")
+    for path in report.files:
+        log.info("  %s", path)
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from workbench.agents.agent import AgentLoadError
+    from workbench.agents.export import export_run
+    from workbench.agents.loading import is_run_dir
+    from workbench.config.checks import ConfigError
+    from workbench.core.paths import project_path
+
+    run_dir = project_path(args.run_dir)
+    if not is_run_dir(run_dir):
+        raise ConfigError(
+            f"RUN_DIR = {args.run_dir!r} is not allowed: a run directory holding config.yaml and "
+            "checkpoints/ (results/<experiment>/<run-id>)"
+        )
+    try:
+        written = export_run(run_dir, args.out, agents=args.agent, merged=args.merged)
+    except AgentLoadError as exc:
+        raise ConfigError(str(exc)) from None
+    for agent, folders in written.items():
+        log.info("%s: %s", agent, ", ".join(str(f) for f in folders))
+    return 0
+
+
+def _cmd_summarize(args: argparse.Namespace) -> int:
+    from workbench.config.checks import ConfigError
+    from workbench.core.paths import project_path
+    from workbench.lab.frames import find_run_dirs
+    from workbench.lab.summary import update_readme, write_summary
+
+    root = project_path(args.results_root)
+    out = Path(args.out) if args.out else project_path("results/summary")
+    run_dirs = find_run_dirs([root]) if root.is_dir() else []
+    if not run_dirs:
+        raise ConfigError(f"RESULTS_ROOT = {args.results_root!r} is not allowed: it holds no run directory")
+    try:
+        files = write_summary(run_dirs, out)
+    except ValueError as exc:  # nothing finished to summarize: the message lists the runs left out
+        raise ConfigError(f"RESULTS_ROOT = {args.results_root!r}: {exc}") from None
+    log.info("summary of %d run directories:", len(run_dirs))
+    for path in files:
+        log.info("  %s", path)
+    if args.readme:
+        log.info("updated %s", update_readme(project_path(args.readme), out))
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m workbench", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
+    seeds = {"type": _seeds, "metavar": "0,1,2", "help": "training seeds, one run directory each"}
     run = sub.add_parser("run", help="train one experiment YAML")
     run.add_argument("experiment", help="path of an experiment YAML, e.g. experiments/quickstart.yaml")
-    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override, repeatable")
+    run.add_argument(
+        "--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE", help="overrides (several pairs)"
+    )
+    run.add_argument("--seeds", **seeds)
     run.add_argument("--fresh", action="store_true", help="start a new run even if a matching one exists")
+    run.add_argument(
+        "--reuse-other-code", action="store_true", help="resume or reuse a matching run made by other code"
+    )
+    run.add_argument(
+        "--dry-run", action="store_true", help="check and print the resolved config; no training"
+    )
     run.set_defaults(func=_cmd_run)
     demo = sub.add_parser("demo", help="the main job: quickstart notebook, HACPO vs GSPO on tiny agents")
     demo.add_argument("--smoke", action="store_true", help="a few steps only (seconds, for CI)")
+    demo.add_argument("--seeds", **{**seeds, "help": "training seeds (default 0: a smoke test)"})
     demo.set_defaults(func=_cmd_demo)
     rep = sub.add_parser("reproduce", help="re-execute every benchmark and ablation notebook with papermill")
     rep.add_argument("--smoke", action="store_true", help="shrink every experiment to seconds")
-    rep.add_argument("--only", action="append", metavar="NAME", help="only these notebooks/experiments")
+    rep.add_argument(
+        "--only", action="append", choices=["benchmarks", "ablations", "figures"], help="only these"
+    )
+    rep.add_argument("--seeds", **seeds)
     rep.set_defaults(func=_cmd_reproduce)
+    ev = sub.add_parser("eval", help="evaluate a run's agents (or a model) on benchmarks and task sources")
+    ev.add_argument("target", help="a run directory, or a model (tiny:gpt2-char, a directory, a hub id)")
+    ev.add_argument("--agent", action="append", help="with a run directory: only this agent (repeatable)")
+    ev.add_argument(
+        "--source", action="append", help="task source, or 'paper' for the 7 benchmarks (repeatable)"
+    )
+    ev.add_argument("--n", type=int, help="items per source (default: the run's eval_size / whole files)")
+    ev.add_argument("--k", type=int, default=0, help="sampled responses per item: avg@k, pass@k, best@k")
+    ev.add_argument("--temperature", type=float, default=1.0, help="temperature of the k samples")
+    ev.add_argument("--max-new-tokens", type=int, help="response cap")
+    ev.add_argument("--reward", help="grader or package.module:function (default: the run's)")
+    ev.add_argument("--metric", help="metric of the Table-1 layout (default avg@k, or greedy_acc)")
+    ev.add_argument("--seed", type=int, default=0, help="seed of the item subset and the samples")
+    ev.add_argument("--out", help="output folder (default results/eval/<run or model>)")
+    ev.set_defaults(func=_cmd_eval)
+    ex = sub.add_parser("export", help="write a run's trained agents with save_pretrained")
+    ex.add_argument("run_dir", help="results/<experiment>/<run-id>")
+    ex.add_argument("--agent", action="append", help="only this agent (repeatable)")
+    ex.add_argument("--out", help="output folder (default <run_dir>/export)")
+    ex.add_argument(
+        "--merged", action="store_true", help="LoRA agents: also the adapters merged into the base"
+    )
+    ex.set_defaults(func=_cmd_export)
+    summ = sub.add_parser(
+        "summarize", help="tables of every run (mean ± std over seeds) and the README section"
+    )
+    summ.add_argument("results_root", nargs="?", default="results", help="where the run directories are")
+    summ.add_argument("--out", help="summary folder (default results/summary)")
+    summ.add_argument("--readme", help="also rewrite this README's results section (e.g. README.md)")
+    summ.set_defaults(func=_cmd_summarize)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m workbench`` and the ``hacpo-workbench`` script."""
+    parser = _parser()
     args = parser.parse_args(argv)
     _setup_logging(args.verbose)
     from workbench.config.experiment import ConfigError
