@@ -116,3 +116,48 @@ def test_tune_notebook_executes_headless(tmp_path):
     errors = [o for c in executed["cells"] for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors
     assert (tmp_path / "cross_weight.csv").is_file()
+
+
+def test_project_paths_resolve_from_any_working_directory(tmp_path, monkeypatch):
+    from workbench.core.paths import PROJECT_ROOT, project_path
+
+    monkeypatch.chdir(ROOT / "notebooks")  # where a JupyterLab kernel starts
+    assert project_path("experiments/quickstart.yaml") == PROJECT_ROOT / "experiments" / "quickstart.yaml"
+    assert project_path("results/runs") == PROJECT_ROOT / "results" / "runs"
+    monkeypatch.chdir(tmp_path)  # a user's own file next to where they typed the command wins
+    (tmp_path / "experiments").mkdir()
+    (tmp_path / "experiments" / "quickstart.yaml").write_text("{}")
+    assert project_path("experiments/quickstart.yaml") == tmp_path / "experiments" / "quickstart.yaml"
+    assert project_path(tmp_path / "x") == tmp_path / "x"
+    assert runner.run_overrides(False, "results/runs") == {
+        "output.root": str(PROJECT_ROOT / "results" / "runs")
+    }
+
+
+def test_notebooks_name_the_project_kernel_and_run_in_their_folder(monkeypatch, tmp_path):
+    for path in NOTEBOOKS:
+        assert nbformat.read(path, as_version=4).metadata.kernelspec.name == runner.KERNEL
+    seen = {}
+    monkeypatch.setattr(
+        papermill, "execute_notebook", lambda src, out, **kw: seen.update(kw) or Path(out).touch()
+    )
+    runner.execute_notebook("05_figures.ipynb", tmp_path)
+    assert seen["cwd"] == str(ROOT / "notebooks")  # as in JupyterLab: the executions above ran there
+    assert seen["kernel_name"] in (runner.KERNEL, "python3")
+
+
+def test_trained_notebooks_take_seeds_and_the_runner_passes_them(monkeypatch, tmp_path):
+    for name in ("01_quickstart", "03_benchmarks", "04_ablations"):
+        params = papermill.inspect_notebook(str(ROOT / "notebooks" / f"{name}.ipynb"))
+        assert "seeds" in params and params["seeds"]["help"], params
+    assert (
+        papermill.inspect_notebook(str(ROOT / "notebooks" / "01_quickstart.ipynb"))["seeds"]["default"]
+        == "[0]"
+    )
+    calls = []
+    monkeypatch.setattr(runner, "execute_notebook", lambda nb, out, params, **kw: calls.append((nb, params)))
+    monkeypatch.setattr(runner, "write_index", lambda root: root / "index.md")
+    runner.reproduce(smoke=True, results_root=tmp_path, seeds=[3, 4])
+    assert [p.get("seeds") for _, p in calls] == [[3, 4], [3, 4], None]
+    with pytest.raises(ValueError, match="distinct integers"):
+        runner.reproduce(smoke=True, results_root=tmp_path, seeds=[1, 1])

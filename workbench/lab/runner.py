@@ -1,29 +1,43 @@
 """Batch reruns with papermill: the demo notebook and ``python -m workbench reproduce``.
 
 Each job executes one notebook of ``notebooks/`` with parameters into ``results/<name>/`` (the executed
-notebook next to the CSV/LaTeX tables and PNG/SVG/HTML figures it writes). Training inside the notebooks goes
-through :func:`workbench.train.trainer.train` with ``resume=True``, so a rerun skips runs that are complete
-with the
-same config and resumes interrupted ones. ``reproduce`` ends with ``results/index.md`` linking everything.
+notebook next to the CSV/LaTeX tables and PNG/SVG/HTML figures it writes), once per seed of ``seeds``.
+Training inside the notebooks goes through :func:`workbench.train.run.train` with ``resume=True``, so a rerun
+skips runs that are complete with the same config and resumes interrupted ones. ``reproduce`` ends with
+``results/index.md`` linking everything.
+
+Notebooks run with their own folder as working directory, as a JupyterLab kernel does: every path a notebook
+uses goes through `workbench.core.paths.project_path`, so ``experiments/...`` and ``results/...`` mean the
+project's folders wherever the kernel starts. Every experiment a job trains is checked by
+`workbench.train.preflight` before the first notebook starts, so a bad input is named before a model loads.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from workbench.core.env import PACKAGE_PARENT
+from workbench.config.loading import load_experiment
 from workbench.core.io import atomic_write_text
+from workbench.core.paths import PROJECT_ROOT, project_path, project_paths
+from workbench.train.preflight import check_experiment
 
 __all__ = [
     "JOBS",
+    "KERNEL",
+    "QUICKSTART",
     "Job",
     "execute_notebook",
+    "kernel_name",
+    "preflight",
+    "project_path",
+    "project_paths",
     "reproduce",
     "run_overrides",
     "run_quickstart",
@@ -32,8 +46,12 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-ROOT = PACKAGE_PARENT
+ROOT = PROJECT_ROOT
 NOTEBOOKS = ROOT / "notebooks"
+KERNEL = "hacpo-workbench"
+"""The project's kernel (``make venv`` registers it in ``.venv``); every notebook names it."""
+QUICKSTART = "experiments/quickstart.yaml"
+"""The experiment of the demo (``01_quickstart``'s default ``config``)."""
 
 
 @dataclass(frozen=True)
@@ -43,7 +61,8 @@ class Job:
     notebook: str
     """File name in ``notebooks/``."""
     parameters: dict[str, Any] = field(default_factory=dict)
-    """Papermill parameters (``smoke`` and ``out_dir`` are added by the runner)."""
+    """Papermill parameters (``smoke``, ``seeds``, ``out_dir`` and ``results_root`` are added by the runner);
+    ``config`` / ``configs`` name what the job trains, checked before any notebook starts."""
     description: str = ""
     """One line for the results index."""
 
@@ -51,10 +70,13 @@ class Job:
 JOBS: dict[str, Job] = {
     "benchmarks": Job(
         "03_benchmarks.ipynb",
+        {"config": QUICKSTART},
         description="GRPO, GSPO, GSPO×2, Naive and HACPO side by side (Table 1, Figure 3)",
     ),
     "ablations": Job(
-        "04_ablations.ipynb", description="−Adv, −ω, α sweep, no stepwise, no clip (Tables 2-4, 6, Figure 4)"
+        "04_ablations.ipynb",
+        {"configs": [QUICKSTART, "experiments/ablations"]},
+        description="−Adv, −ω, α sweep, no stepwise, no clip (Tables 2-4, 6, Figure 4)",
     ),
     "figures": Job("05_figures.ipynb", description="every figure and table regenerated from results/ only"),
 }
@@ -76,12 +98,46 @@ def smoke_overrides() -> dict[str, Any]:
     }
 
 
-def run_overrides(smoke: bool = False, results_root: str | None = None) -> dict[str, Any]:
-    """Overrides a notebook applies to every experiment it trains: smoke sizes and the results root."""
+def run_overrides(smoke: bool = False, results_root: str | Path | None = None) -> dict[str, Any]:
+    """Overrides a notebook applies to every experiment it trains: smoke sizes and the results root.
+
+    A relative ``results_root`` is the project's (`project_path`), wherever the kernel runs.
+    """
     overrides = smoke_overrides() if smoke else {}
     if results_root:
-        overrides["output.root"] = str(results_root)
+        overrides["output.root"] = str(project_path(results_root))
     return overrides
+
+
+def _experiment_paths(parameters: dict[str, Any]) -> list[Path]:
+    """The experiment YAMLs a job trains: its ``config`` and every file of its ``configs`` (folders too)."""
+    named = ([parameters["config"]] if "config" in parameters else []) + list(parameters.get("configs", []))
+    paths = []
+    for path in project_paths(*named):
+        paths += sorted(path.glob("*.yaml")) if path.is_dir() else [path]
+    return paths
+
+
+def preflight(configs: Sequence[str | Path], overrides: dict[str, Any] | None = None) -> None:
+    """Load and check every experiment (`workbench.train.preflight`) before anything trains.
+
+    Raises:
+        ConfigError: The first experiment with a bad input; the message names every bad field.
+    """
+    for path in configs:
+        check_experiment(load_experiment(project_path(path), overrides))
+
+
+def kernel_name() -> str:
+    """`KERNEL` when it is registered (``make venv`` does it), else ``python3`` (this interpreter's)."""
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    try:
+        KernelSpecManager().get_kernel_spec(KERNEL)
+    except NoSuchKernel:
+        log.warning("kernel %r is not registered (run `make venv`); using python3", KERNEL)
+        return "python3"
+    return KERNEL
 
 
 def execute_notebook(
@@ -89,12 +145,18 @@ def execute_notebook(
     out_dir: str | Path,
     parameters: dict[str, Any] | None = None,
     *,
+    cwd: str | Path | None = None,
     progress: bool = False,
 ) -> Path:
     """Execute ``notebook`` with papermill into ``out_dir/<name>`` (atomically) and return that path.
 
-    The kernel runs with the repository root as working directory, so relative paths in parameters
-    (``experiments/...``, ``results/...``) mean the same as on the command line.
+    Args:
+        notebook: A file name in ``notebooks/`` or a path.
+        out_dir: Where the executed notebook goes (a relative path is the project's).
+        parameters: Papermill parameters.
+        cwd: The kernel's working directory; default the notebook's folder, as in JupyterLab, so that a
+            notebook that runs here runs there too.
+        progress: Show papermill's cell progress bar.
     """
     import papermill
 
@@ -104,7 +166,7 @@ def execute_notebook(
     if not source.is_file():
         available = sorted(p.name for p in NOTEBOOKS.glob("*.ipynb"))
         raise FileNotFoundError(f"notebook {str(source)!r} not found; available: {available}")
-    out_dir = Path(out_dir)
+    out_dir = project_path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / source.name
     partial = out_dir / f".{source.stem}.partial.ipynb"
@@ -113,8 +175,8 @@ def execute_notebook(
         str(source),
         str(partial),
         parameters=parameters or {},
-        kernel_name="python3",
-        cwd=str(ROOT),
+        kernel_name=kernel_name(),
+        cwd=str(cwd or source.parent),
         progress_bar=progress,  # a cell-level bar: the kernel's own output lands in the executed notebook
     )
     partial.replace(target)
@@ -122,11 +184,21 @@ def execute_notebook(
     return target
 
 
+def _seed_parameters(seeds: Sequence[int] | None) -> dict[str, Any]:
+    if seeds is None:
+        return {}
+    seeds = [int(s) for s in seeds]
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds = {seeds!r} is not allowed: a non-empty list of distinct integers")
+    return {"seeds": seeds}
+
+
 def run_quickstart(
     smoke: bool = False,
     out_dir: str | Path = "results/quickstart",
-    results_root: str | Path = "results",
+    results_root: str | Path = "results/runs",
     *,
+    seeds: Sequence[int] | None = None,
     progress: bool = False,
 ) -> dict[str, Any]:
     """The main job: execute ``01_quickstart.ipynb`` and return its table and the files it wrote.
@@ -134,20 +206,30 @@ def run_quickstart(
     Args:
         smoke: A few tiny steps (CI).
         out_dir: Where the executed notebook, tables and figures go.
-        results_root: Root of the run directories.
+        results_root: Root of the run directories (the one ``05_figures`` reads).
+        seeds: Training seeds, one run directory per algorithm and seed (default: the notebook's, ``[0]``).
         progress: Show papermill's cell progress bar.
 
     Returns:
-        ``{"table": DataFrame (per agent: initial, gspo, hacpo, gain), "files": [paths], "notebook": path}``.
+        ``{"table": DataFrame (accuracy.csv: per agent and metric, mean/std/n/se of initial, each method and
+        the gains), "text": accuracy.md (the table to print, with its seeds note), "files": [paths],
+        "notebook": path}``.
+
+    Raises:
+        ConfigError: A bad input in the quickstart experiment (before any model loads).
     """
-    out_dir = (ROOT / out_dir) if not Path(out_dir).is_absolute() else Path(out_dir)
+    out_dir, results_root = project_paths(out_dir, results_root)
+    preflight([QUICKSTART], run_overrides(smoke, results_root))
     before = set(out_dir.iterdir()) if out_dir.exists() else set()
     params = {"smoke": smoke, "out_dir": str(out_dir), "results_root": str(results_root)}
-    notebook = execute_notebook("01_quickstart.ipynb", out_dir, params, progress=progress)
+    notebook = execute_notebook(
+        "01_quickstart.ipynb", out_dir, params | _seed_parameters(seeds), progress=progress
+    )
     table = pd.read_csv(out_dir / "accuracy.csv", index_col="agent")
+    text = (out_dir / "accuracy.md").read_text(encoding="utf-8")
     # Tables, figures and the notebook, plus the run directories (not every checkpoint file inside them).
     files = sorted(p for p in out_dir.iterdir() if p not in before or p == notebook)
-    return {"table": table, "files": files, "notebook": notebook}
+    return {"table": table, "text": text, "files": files, "notebook": notebook}
 
 
 def reproduce(
@@ -155,6 +237,7 @@ def reproduce(
     only: list[str] | None = None,
     results_root: str | Path = "results",
     *,
+    seeds: Sequence[int] | None = None,
     progress: bool = False,
 ) -> Path:
     """Execute every ``JOBS`` notebook (or ``only`` those) into ``results/<name>/``; write the index.
@@ -162,27 +245,32 @@ def reproduce(
     Args:
         smoke: Shrink every experiment to seconds (``smoke_overrides``), into ``results/smoke/<name>/``.
         only: Job names to run (default: all), e.g. ``["benchmarks"]``.
-        results_root: Root of all outputs.
+        results_root: Root of all outputs (run directories go to its ``runs/``).
+        seeds: Training seeds, one run directory per experiment and seed (default: each notebook's, [0, 1, 2];
+            ``[0]`` with ``smoke``).
         progress: Show papermill's cell progress bars.
 
     Returns:
         The path of ``results/index.md`` (``results/smoke/index.md`` with ``smoke``).
+
+    Raises:
+        ValueError: An unknown job name, or bad seeds.
+        ConfigError: A bad input in an experiment a job trains (every job is checked before the first runs).
     """
     names = list(JOBS) if not only else list(only)
     unknown = [n for n in names if n not in JOBS]
     if unknown:
         raise ValueError(f"unknown job {unknown[0]!r}; valid names: {list(JOBS)}")
-    root = Path(results_root)
-    root = (ROOT / root if not root.is_absolute() else root) / ("smoke" if smoke else "")
+    root = project_path(results_root) / ("smoke" if smoke else "")
+    runs = root / "runs"
+    for name in names:
+        preflight(_experiment_paths(JOBS[name].parameters), run_overrides(smoke, runs))
     for name in names:
         job = JOBS[name]
         out_dir = root / name
-        params = {
-            **job.parameters,
-            "smoke": smoke,
-            "out_dir": str(out_dir),
-            "results_root": str(root / "runs"),
-        }
+        params = {**job.parameters, "smoke": smoke, "out_dir": str(out_dir), "results_root": str(runs)}
+        if name != "figures":  # a smoke run is one seed unless asked otherwise
+            params |= _seed_parameters(seeds if seeds is not None or not smoke else [0])
         execute_notebook(job.notebook, out_dir, params, progress=progress)
     return write_index(root)
 

@@ -18,13 +18,16 @@ from __future__ import annotations
 import html
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import ipywidgets as w
 import pandas as pd
 
+from workbench.core.io import atomic_write_text
 from workbench.lab import plots
 from workbench.lab.explore import capability_table, cross_weight_table, metrics_frame, validate_tuning
+from workbench.lab.report import Report
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +43,8 @@ def _message(text: str, *, error: bool = False) -> str:
 
 
 def _table_html(df: pd.DataFrame, caption: str) -> str:
-    body = df.to_html(index=False, float_format=lambda x: f"{x:.3f}", border=0)
+    # "—" where a value does not exist (e.g. the advantage of a correct response in an all-wrong group)
+    body = df.to_html(index=False, float_format=lambda x: f"{x:.3f}", na_rep="—", border=0)
     return f"<h4 style='margin:0.4em 0 0.2em'>{html.escape(caption)}</h4>{body}"
 
 
@@ -212,6 +216,8 @@ class TuningPanel:
         self.steps = w.IntText(value=steps, description="run steps", **field)
         self.launch_button = w.Button(description="launch short run", disabled=launch is None, icon="play")
         self.message, self.chart, self.tables = w.HTML(), w.HTML(), w.HTML()
+        self.summary: Any = None  # the last drawn capability summary and weight table (`save` writes them)
+        self.weights: pd.DataFrame | None = None
         self.monitor = monitor or RunMonitor()
         for control in self._controls():
             control.observe(self._on_change, names="value")
@@ -292,6 +298,7 @@ class TuningPanel:
         except ValueError as err:
             self.message.value = _message(f"not drawn: {err}", error=True)
             return False
+        self.summary, self.weights = summary, table
         self.chart.value = svg
         self.tables.value = (
             _table_html(
@@ -303,7 +310,11 @@ class TuningPanel:
                 "ω: omega_baseline weights the source in the learner's baseline; "
                 "cross_coef scales the source's samples in the learner's loss",
             )
-            + _table_html(summary.baselines, "learner baselines μ̂ and advantages for example reward groups")
+            + _table_html(
+                summary.baselines,
+                "learner baselines μ̂ and advantages for example reward groups "
+                "(— : the group has no correct, or no wrong, response)",
+            )
         )
         self.message.value = _message(
             "lower bounds: "
@@ -312,6 +323,28 @@ class TuningPanel:
             )
         )
         return True
+
+    def save(self, out_dir: str | Path) -> Report:
+        """Write the values shown now, agents named, under ``out_dir``: ``cross_weight.csv``,
+        ``capability_p_hat.csv``, ``capability_omega.csv``, ``capability_baselines.csv`` and the weight chart
+        (PNG, SVG, HTML); return them as a report.
+
+        Raises:
+            ValueError: A value is invalid (the panel's message says which).
+        """
+        if not self.refresh():
+            raise ValueError(self.message.value)
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        report = Report(tables={"cross_weight": self.weights})
+        report.tables |= {
+            f"capability_{n}": getattr(self.summary, n) for n in ("p_hat", "omega", "baselines")
+        }
+        for name, table in report.tables.items():
+            atomic_write_text(out_dir / f"{name}.csv", table.to_csv(index=False))
+            report.files.append(out_dir / f"{name}.csv")
+        report.add_chart("cross_weight", plots.cross_weight_chart, self.weights, out_dir=out_dir)
+        return report
 
     def _on_launch(self, button: Any = None) -> None:
         """Validate, reset the monitor and call ``launch(params)``; errors are shown, not raised."""
