@@ -13,7 +13,7 @@ export OMP_WAIT_POLICY ?= PASSIVE
 export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_NO_ADVISORY_WARNINGS ?= 1
 
-.PHONY: venv demo test lint format bench bench-peers lab clean-cache gpu-check
+.PHONY: venv demo test test-browser lint format bench bench-peers lab clean-cache gpu-check
 
 $(STAMP): pyproject.toml requirements-nodeps.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -51,6 +51,13 @@ bench-peers: $(STAMP) $(BENCH_STAMP)
 
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab --no-browser --allow-root --ip=127.0.0.1 notebooks/
+
+# Every notebook opened in JupyterLab in a headless chromium and run with "Run All Cells" (tests/test_browser.py,
+# ≈6 min on 2 cores). Needs Debian's chromium (≈480 MB; CI does not install it, so there the test is skipped
+# with its reason): apt-get install -y chromium. playwright itself is a dev dependency (no browser download).
+test-browser: $(STAMP)
+	@command -v chromium >/dev/null || { echo "make test-browser needs chromium: apt-get install -y chromium"; exit 2; }
+	$(PY) -m pytest -s -rs tests/test_browser.py
 
 # Every GPU check in one run, written to results/gpu_check/report.md (README "Use a GPU"). It runs on the
 # machine's own CUDA python and never builds the CPU venv (a GPU machine may have no network): the venv's
