@@ -195,8 +195,8 @@ def _seed_parameters(seeds: Sequence[int] | None) -> dict[str, Any]:
 
 def run_quickstart(
     smoke: bool = False,
-    out_dir: str | Path = "results/quickstart",
-    results_root: str | Path = "results/runs",
+    out_dir: str | Path | None = None,
+    results_root: str | Path | None = None,
     *,
     seeds: Sequence[int] | None = None,
     progress: bool = False,
@@ -205,8 +205,10 @@ def run_quickstart(
 
     Args:
         smoke: A few tiny steps (CI).
-        out_dir: Where the executed notebook, tables and figures go.
-        results_root: Root of the run directories (the one ``05_figures`` reads).
+        out_dir: Where the executed notebook, tables and figures go (default ``results/quickstart``;
+            ``results/smoke/quickstart`` with ``smoke``).
+        results_root: Root of the run directories (default ``results/runs``, the one ``05_figures`` reads;
+            ``results/smoke/runs`` with ``smoke``, so smoke runs never mix with results).
         seeds: Training seeds, one run directory per algorithm and seed (default: the notebook's, ``[0]``).
         progress: Show papermill's cell progress bar.
 
@@ -218,7 +220,8 @@ def run_quickstart(
     Raises:
         ConfigError: A bad input in the quickstart experiment (before any model loads).
     """
-    out_dir, results_root = project_paths(out_dir, results_root)
+    base = "results/smoke" if smoke else "results"
+    out_dir, results_root = project_paths(out_dir or f"{base}/quickstart", results_root or f"{base}/runs")
     preflight([QUICKSTART], run_overrides(smoke, results_root))
     before = set(out_dir.iterdir()) if out_dir.exists() else set()
     params = {"smoke": smoke, "out_dir": str(out_dir), "results_root": str(results_root)}
