@@ -1,6 +1,7 @@
 """Experiment configuration: frozen dataclasses with defaults, validated whenever one is made.
 
-An experiment YAML in ``experiments/`` holds only what differs from the defaults below (spec §6, §9).
+An experiment YAML in ``experiments/`` holds only what differs from the defaults below and in the sections
+(``task``, ``train``, ``hacpo``, ``output``: `workbench.config.sections`, re-exported here; spec §6, §9).
 Every dataclass validates in ``__post_init__`` (so ``from_dict``, the constructor and ``dataclasses.replace``
 all check), before any model loads, and every message names the key, the value and what is allowed. Lossless
 coercions happen there too: int → float, ``"1e-4"`` → 1e-4, task knobs → a read-only `FrozenMap`. The
@@ -20,11 +21,22 @@ from typing import Any
 
 from workbench.config.agent_spec import AgentSpec, AgentSpecError
 from workbench.config.checks import ConfigError, build, coerce_fields, require, require_name
-from workbench.config.frozen import FrozenMap, thaw
+from workbench.config.frozen import thaw
 from workbench.config.methods import ALGORITHMS, METHODS, Method
-from workbench.tasks.rewards import reward_problem
+from workbench.config.sections import (
+    NO_KNOBS,
+    RATIO_NORMALIZATIONS,
+    REPORT_TO,
+    HacpoConfig,
+    OutputConfig,
+    TaskConfig,
+    TrainConfig,
+)
 
 __all__ = [
+    "NO_KNOBS",
+    "RATIO_NORMALIZATIONS",
+    "REPORT_TO",
     "ConfigError",
     "ExperimentConfig",
     "HacpoConfig",
@@ -34,231 +46,6 @@ __all__ = [
     "expand_seeds",
     "from_dict",
 ]
-
-NO_KNOBS = FrozenMap()
-"""The default task knobs: none."""
-RATIO_NORMALIZATIONS = ("tokens", "bytes")
-"""Valid ``hacpo.ratio_normalization`` values."""
-REPORT_TO = ("tensorboard", "trackio", "wandb")  # output.report_to sinks (workbench.train.tracking)
-
-
-@dataclass(frozen=True)
-class TaskConfig:
-    """Where training and held-out problems come from (``workbench.tasks.load_tasks``)."""
-
-    source: str = "embedded"
-    """Task source: ``embedded``, ``gym:<generator>``, ``file:<path>`` or a benchmark name."""
-    eval_source: str | None = None
-    """Held-out source; None = the same source's ``test`` split."""
-    train_size: int = 2000
-    """Training problems drawn (the step batches cycle through them)."""
-    eval_size: int = 1000
-    """Held-out problems evaluated every ``eval_every`` steps (greedy, and ``train.eval_samples`` sampled)."""
-    eval_seed: int | None = 0
-    """Seed of the held-out draw; fixed by default so every seed of an experiment is evaluated on the same
-    items; None = the run's ``seed``."""
-    instruction: str | None = None
-    """Instruction appended to each question; None = the bare question (tiny char-level agents)."""
-    reward: str = "math_verify"
-    """Grader: ``math_verify``, ``boxed_exact``, ``numeric`` (``workbench.tasks.rewards.REWARD_METHODS``), or
-    your own function as ``package.module:function`` (imported and tried once when the config loads)."""
-    knobs: FrozenMap = NO_KNOBS
-    """Extra keyword arguments for the task source (e.g. ``n_ops: [1, 3]``, ``max_operand: 9``); read-only,
-    lists become tuples."""
-    eval_knobs: FrozenMap | None = None
-    """Keyword arguments for the held-out source; None = ``knobs`` when it is the same source, else none."""
-    eval_sources: tuple[str, ...] = ()
-    """Further held-out sources evaluated next to ``eval_source`` (``[math500, "gym:gsm_symbolic"]``): each
-    its ``test`` split, ``eval_size`` items, no knobs."""
-
-    def __post_init__(self) -> None:
-        coerce_fields(self, "task")
-        require(bool(self.source.strip()), "task.source", self.source, "a non-empty source name")
-        if self.eval_source is not None:
-            require(
-                bool(self.eval_source.strip()), "task.eval_source", self.eval_source, "a source name or null"
-            )
-        require(self.train_size >= 1, "task.train_size", self.train_size, ">= 1")
-        require(self.eval_size >= 0, "task.eval_size", self.eval_size, ">= 0")
-        require(
-            self.eval_seed is None or self.eval_seed >= 0, "task.eval_seed", self.eval_seed, ">= 0 or null"
-        )
-        if problem := reward_problem(self.reward):
-            raise ConfigError(problem)
-        require(
-            all(map(str.strip, self.eval_sources)), "task.eval_sources", self.eval_sources, "source names"
-        )
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """The training loop (spec §6; CPU-sized defaults)."""
-
-    steps: int = 40
-    """Training steps (each: every agent rolls out, every learner updates)."""
-    prompts_per_step: int = 16
-    """B, prompts per step (paper: 128)."""
-    group_size: int = 8
-    """G, responses per agent per prompt (paper: 8)."""
-    minibatch_prompts: int = 8
-    """Prompts per mini-batch (paper: 64); a mini-batch holds minibatch_prompts·G sequences."""
-    micro_batch_size: int = 64
-    """Sequences per forward/backward (gradient accumulation; memory knob only)."""
-    lr: float = 1e-4
-    """AdamW learning rate (paper: 1e-6 for full fine-tuning of 2-8B models)."""
-    adam_beta1: float = 0.9
-    """AdamW β1."""
-    adam_beta2: float = 0.999
-    """AdamW β2."""
-    weight_decay: float = 0.0
-    """AdamW weight decay."""
-    grad_clip: float = 1.0
-    """Gradient-norm clip (paper code: 1.0)."""
-    kl_coef: float = 0.001
-    """low_var_kl coefficient on self samples (authors' code: 0.001); 0 disables."""
-    skip_uniform_groups: bool = False
-    """Leave out of the update the samples of every prompt whose rewards in the learner's group are all equal
-    (their advantage is 0: only the mini-batch composition and normalisation change)."""
-    temperature: float = 1.0
-    """Rollout sampling temperature (verl default 1.0)."""
-    top_p: float = 1.0
-    """Rollout nucleus sampling."""
-    max_new_tokens: int = 32
-    """Rollout length cap in tokens."""
-    eval_every: int = 10
-    """Evaluate on the held-out split every this many steps (and at step 0 and the end); 0 = only ends."""
-    eval_max_new_tokens: int | None = None
-    """Evaluation length cap; None = max_new_tokens."""
-    eval_samples: int = 4
-    """k of the sampled held-out metric avg@k logged next to greedy accuracy; 0 = greedy only."""
-    eval_temperature: float = 1.0
-    """Sampling temperature of the avg@k evaluation."""
-    save_every: int = 10
-    """Checkpoint every this many steps (and at the end)."""
-    keep_checkpoints: int = 2
-    """Checkpoints kept on disk."""
-    samples_per_step: int = 8
-    """Rollouts written to ``samples/`` per step."""
-
-    def __post_init__(self) -> None:
-        coerce_fields(self, "train")
-        require(self.steps >= 1, "train.steps", self.steps, ">= 1")
-        require(self.prompts_per_step >= 1, "train.prompts_per_step", self.prompts_per_step, ">= 1")
-        require(
-            self.group_size >= 2, "train.group_size", self.group_size, ">= 2 (a group needs two responses)"
-        )
-        require(self.minibatch_prompts >= 1, "train.minibatch_prompts", self.minibatch_prompts, ">= 1")
-        require(
-            self.prompts_per_step % self.minibatch_prompts == 0,
-            "train.minibatch_prompts",
-            self.minibatch_prompts,
-            f"must divide train.prompts_per_step = {self.prompts_per_step}",
-        )
-        require(self.micro_batch_size >= 1, "train.micro_batch_size", self.micro_batch_size, ">= 1")
-        require(self.lr > 0, "train.lr", self.lr, "> 0")
-        require(0 <= self.adam_beta1 < 1, "train.adam_beta1", self.adam_beta1, "in [0, 1)")
-        require(0 <= self.adam_beta2 < 1, "train.adam_beta2", self.adam_beta2, "in [0, 1)")
-        require(self.weight_decay >= 0, "train.weight_decay", self.weight_decay, ">= 0")
-        require(self.grad_clip > 0, "train.grad_clip", self.grad_clip, "> 0")
-        require(self.kl_coef >= 0, "train.kl_coef", self.kl_coef, ">= 0")
-        require(self.temperature > 0, "train.temperature", self.temperature, "> 0 (rollouts sample)")
-        require(0 < self.top_p <= 1, "train.top_p", self.top_p, "in (0, 1]")
-        require(self.max_new_tokens >= 1, "train.max_new_tokens", self.max_new_tokens, ">= 1")
-        require(self.eval_every >= 0, "train.eval_every", self.eval_every, ">= 0")
-        mnt = self.eval_max_new_tokens
-        require(mnt is None or mnt >= 1, "train.eval_max_new_tokens", mnt, ">= 1 or null")
-        require(self.eval_samples >= 0, "train.eval_samples", self.eval_samples, ">= 0 (0 = greedy only)")
-        require(self.eval_temperature > 0, "train.eval_temperature", self.eval_temperature, "> 0")
-        require(self.save_every >= 1, "train.save_every", self.save_every, ">= 1")
-        require(self.keep_checkpoints >= 1, "train.keep_checkpoints", self.keep_checkpoints, ">= 1")
-        require(self.samples_per_step >= 0, "train.samples_per_step", self.samples_per_step, ">= 0")
-
-
-@dataclass(frozen=True)
-class HacpoConfig:
-    """HACPO hyperparameters and switches (spec §3, §9; defaults from the paper and the authors' code)."""
-
-    alpha: float = 1.0
-    """α of the exponential importance sampling (Eq. 12); 0 = plain ratio."""
-    delta: float = 0.2
-    """δ: cross samples are clipped to [1 − δ + m·δ_step, 1] (Eqs. 13-14; Table 5's "0.8" is 1 − δ)."""
-    delta_step: float = 0.025
-    """δ_step: per-mini-batch tightening of the cross lower bound; 0 = the "no Stepwise" ablation."""
-    window: int = 5
-    """K, steps in the capability moving average (Eq. 9)."""
-    min_ratio: float = 0.1
-    """Lower clamp of ω (authors' code)."""
-    max_ratio: float = 10.0
-    """Upper clamp of ω (authors' code)."""
-    capability_floor: float = 1e-8
-    """Floor of P̂."""
-    warmup_steps: int = 0
-    """Force ω = 1 for the first steps (the code's stable_perf)."""
-    eps_low: float = 3e-4
-    """Self-sample clip ε_low (GSPO)."""
-    eps_high: float = 4e-4
-    """Self-sample clip ε_high (GSPO)."""
-    max_abs_log_ratio: float = 10.0
-    """Clamp of the sequence log-ratio."""
-    normalize_by_std: bool = True
-    """Divide advantages by the joint std (Eq. 6)."""
-    uniform_group_guard: bool = True
-    """All-equal reward group → plain mean baseline (code guard)."""
-    binary_guard: bool = True
-    """Weighted baseline > 1 → learner's own mean (code guard)."""
-    capability_baseline: bool = True
-    """Use ω in the baseline (Eq. 7); False = the "−Adv" ablation (plain joint mean)."""
-    omega_in_loss: bool = True
-    """Scale cross samples by ω^(source, learner) (Eq. 10); False = the "−ω" ablation."""
-    clip_cross: bool = True
-    """Clip cross ratios to [lb, 1]; False = the "no Clip" ablation."""
-    ratio_normalization: str = "tokens"
-    """Cross-sample log-ratio per token of each policy's own tokenization (``tokens``, Eq. 25) or per UTF-8
-    byte of the shared response (``bytes``: summed log-probs / byte length; tokenizer-neutral)."""
-
-    def __post_init__(self) -> None:
-        coerce_fields(self, "hacpo")
-        require(self.alpha >= 0, "hacpo.alpha", self.alpha, ">= 0")
-        require(
-            0 <= self.delta < 1,
-            "hacpo.delta",
-            self.delta,
-            "in [0, 1) (the lower bound 1 − δ must be positive)",
-        )
-        require(self.delta_step >= 0, "hacpo.delta_step", self.delta_step, ">= 0")
-        require(self.window >= 1, "hacpo.window", self.window, ">= 1")
-        require(0 < self.min_ratio <= 1, "hacpo.min_ratio", self.min_ratio, "in (0, 1]")
-        require(self.max_ratio >= 1, "hacpo.max_ratio", self.max_ratio, ">= 1")
-        require(self.capability_floor > 0, "hacpo.capability_floor", self.capability_floor, "> 0")
-        require(self.warmup_steps >= 0, "hacpo.warmup_steps", self.warmup_steps, ">= 0")
-        require(0 <= self.eps_low < 1, "hacpo.eps_low", self.eps_low, "in [0, 1)")
-        require(self.eps_high >= 0, "hacpo.eps_high", self.eps_high, ">= 0")
-        require(self.max_abs_log_ratio > 0, "hacpo.max_abs_log_ratio", self.max_abs_log_ratio, "> 0")
-        norm = self.ratio_normalization
-        require(
-            norm in RATIO_NORMALIZATIONS, "hacpo.ratio_normalization", norm, f"one of {RATIO_NORMALIZATIONS}"
-        )
-
-
-@dataclass(frozen=True)
-class OutputConfig:
-    """Where runs go."""
-
-    root: str = "results"
-    """Root of run directories: ``<root>/<experiment>/<run-id>/``."""
-    run_id: str | None = None
-    """Explicit run id; None = timestamp + random suffix."""
-    report_to: tuple[str, ...] = ()
-    """Tracking sinks fed every step (``tensorboard``, ``trackio``, ``wandb``; `workbench.train.tracking`);
-    empty = none: nothing leaves the run directory."""
-
-    def __post_init__(self) -> None:
-        coerce_fields(self, "output")
-        require(bool(self.root.strip()), "output.root", self.root, "a non-empty directory")
-        if self.run_id is not None:
-            require_name("output.run_id", self.run_id, "a directory name")
-        ok = set(self.report_to) <= set(REPORT_TO)
-        require(ok, "output.report_to", list(self.report_to), f"a list of {list(REPORT_TO)}")
 
 
 @dataclass(frozen=True)

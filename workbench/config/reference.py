@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from workbench.config.agent_spec import AgentSpec, LoraSpec
-from workbench.config.experiment import ExperimentConfig, HacpoConfig, OutputConfig, TaskConfig, TrainConfig
+from workbench.config.experiment import ExperimentConfig
+from workbench.config.sections import HacpoConfig, OutputConfig, TaskConfig, TrainConfig
 from workbench.core.paths import PROJECT_ROOT
 
 __all__ = ["SECTIONS", "field_docs", "render_reference", "write_reference"]
