@@ -13,7 +13,7 @@ export OMP_WAIT_POLICY ?= PASSIVE
 export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_NO_ADVISORY_WARNINGS ?= 1
 
-.PHONY: venv demo test test-browser lint format bench bench-peers lab clean-cache gpu-check
+.PHONY: venv demo test test-browser lint format bench bench-peers lab clean-cache gpu-check pairs
 
 $(STAMP): pyproject.toml requirements-nodeps.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,19 @@ test: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest
+
+# The issue-9 comparison behind README's Results: the state, size and model pairs under HACPO, GSPO, GSPO×2 and
+# Naive, plus HACPO with byte-normalized ratios on the model pair, 3 seeds each (experiments/pairs/*.yaml), then
+# the committed summary (results/summary/) and README's Results section. ≈2-3 h on 2 cores; rerunning it resumes
+# or skips finished runs.
+PAIR_METHODS ?= hacpo gspo gspo_x2 naive
+pairs: $(STAMP)
+	for pair in model state size; do for method in $(PAIR_METHODS); do \
+	  $(PY) -m workbench run experiments/pairs/$$pair.yaml --set algorithm=$$method output.root=results/pairs || exit $$?; \
+	done; done
+	$(PY) -m workbench run experiments/pairs/model.yaml --set algorithm=hacpo label=hacpo-bytes \
+	  hacpo.ratio_normalization=bytes output.root=results/pairs
+	$(PY) -m workbench summarize results/pairs --readme README.md
 
 lint format: $(STAMP)
 	$(VENV)/bin/ruff format .
