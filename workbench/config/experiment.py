@@ -29,11 +29,13 @@ from workbench.config.sections import (
     REPORT_TO,
     HacpoConfig,
     OutputConfig,
+    RayConfig,
     TaskConfig,
     TrainConfig,
 )
 
 __all__ = [
+    "EXECUTORS",
     "NO_KNOBS",
     "RATIO_NORMALIZATIONS",
     "REPORT_TO",
@@ -41,11 +43,15 @@ __all__ = [
     "ExperimentConfig",
     "HacpoConfig",
     "OutputConfig",
+    "RayConfig",
     "TaskConfig",
     "TrainConfig",
     "expand_seeds",
     "from_dict",
 ]
+
+EXECUTORS = ("local", "ray")
+"""Valid ``executor`` values (the same as ``workbench.train.executors.EXECUTORS``, a layer above)."""
 
 
 @dataclass(frozen=True)
@@ -71,10 +77,16 @@ class ExperimentConfig:
     ``workbench.config.methods.METHODS`` must agree with that method's algorithm and switches."""
     description: str = ""
     """Free text shown in tables and the results index."""
+    executor: str = "local"
+    """Where the agents run: ``local`` (in the trainer's process, one after another) or ``ray`` (one Ray actor
+    per agent, in parallel; the ``ray`` section). Not part of a run's identity: both give the same results,
+    and a run started with one resumes with the other."""
     task: TaskConfig = field(default_factory=TaskConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     hacpo: HacpoConfig = field(default_factory=HacpoConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+    """Ray cluster and per-agent resources of ``executor: ray`` (the ``ray`` section below)."""
 
     def __post_init__(self) -> None:
         for name, cls in _SECTIONS.items():
@@ -87,6 +99,7 @@ class ExperimentConfig:
             ok = bool(self.seeds) and min(self.seeds) >= 0 and len(set(self.seeds)) == len(self.seeds)
             require(ok, "seeds", list(self.seeds), "a non-empty list of unique ints >= 0, or null")
         require(self.algorithm in ALGORITHMS, "algorithm", self.algorithm, f"one of {list(ALGORITHMS)}")
+        require(self.executor in EXECUTORS, "executor", self.executor, f"one of {list(EXECUTORS)}")
         if self.algo.share_rollouts:
             n = len(self.agents)
             require(n >= 2, "agents", self.agent_names, f"{self.algorithm} shares rollouts: >= 2 agents")
@@ -124,7 +137,13 @@ class ExperimentConfig:
         return data
 
 
-_SECTIONS = {"task": TaskConfig, "train": TrainConfig, "hacpo": HacpoConfig, "output": OutputConfig}
+_SECTIONS = {
+    "task": TaskConfig,
+    "train": TrainConfig,
+    "hacpo": HacpoConfig,
+    "output": OutputConfig,
+    "ray": RayConfig,
+}
 
 
 def _agent_specs(agents: Any) -> tuple[AgentSpec, ...]:

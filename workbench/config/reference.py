@@ -21,7 +21,7 @@ from typing import Any
 
 from workbench.config.agent_spec import AgentSpec, LoraSpec
 from workbench.config.experiment import ExperimentConfig
-from workbench.config.sections import HacpoConfig, OutputConfig, TaskConfig, TrainConfig
+from workbench.config.sections import HacpoConfig, OutputConfig, RayConfig, TaskConfig, TrainConfig
 from workbench.core.paths import PROJECT_ROOT
 
 __all__ = ["SECTIONS", "field_docs", "render_reference", "write_reference"]
@@ -34,6 +34,7 @@ SECTIONS: tuple[tuple[str, type], ...] = (
     ("train", TrainConfig),
     ("hacpo", HacpoConfig),
     ("output", OutputConfig),
+    ("ray", RayConfig),
 )
 """Where each dataclass sits in an experiment YAML, in the order of the reference."""
 REFERENCE = PROJECT_ROOT / "docs" / "config.md"

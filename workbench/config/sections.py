@@ -1,4 +1,4 @@
-"""The sections of an experiment config: ``task``, ``train``, ``hacpo``, ``output``.
+"""The sections of an experiment config: ``task``, ``train``, ``hacpo``, ``output``, ``ray``.
 
 Frozen dataclasses with defaults and a one-line docstring per field (rendered into ``docs/config.md`` by
 `workbench.config.reference`). Each validates in ``__post_init__``, so a bad value is caught however the
@@ -20,6 +20,7 @@ __all__ = [
     "REPORT_TO",
     "HacpoConfig",
     "OutputConfig",
+    "RayConfig",
     "TaskConfig",
     "TrainConfig",
 ]
@@ -248,3 +249,25 @@ class OutputConfig:
             require_name("output.run_id", self.run_id, "a directory name")
         ok = set(self.report_to) <= set(REPORT_TO)
         require(ok, "output.report_to", list(self.report_to), f"a list of {list(REPORT_TO)}")
+
+
+@dataclass(frozen=True)
+class RayConfig:
+    """Ray cluster and per-agent resources of ``executor: ray`` (`workbench.train.executors.RayOptions`)."""
+
+    address: str | None = None
+    """Ray cluster to join: None = ``$RAY_ADDRESS`` if set, else a local Ray started for the run; ``auto`` =
+    the running cluster; or ``ray://host:10001`` / ``host:6379``."""
+    cpus_per_agent: float = 1.0
+    """CPUs each agent's actor reserves; its torch threads = max(1, int(cpus_per_agent))."""
+    gpus_per_agent: float | None = None
+    """GPUs each CUDA agent reserves; None = 1 for an agent on ``cuda``/``cuda:N``/``auto`` (when the cluster
+    has GPUs), 0 on ``cpu``. Fractions (0.5) let two small agents share a GPU."""
+
+    def __post_init__(self) -> None:
+        coerce_fields(self, "ray")
+        if self.address is not None:
+            require(bool(self.address.strip()), "ray.address", self.address, "a cluster address or null")
+        require(self.cpus_per_agent > 0, "ray.cpus_per_agent", self.cpus_per_agent, "> 0")
+        gpus = self.gpus_per_agent
+        require(gpus is None or gpus >= 0, "ray.gpus_per_agent", gpus, ">= 0 or null (1 per CUDA agent)")

@@ -40,6 +40,7 @@ from workbench.train.environment import collect_environment
 
 __all__ = [
     "EVAL_COLUMNS",
+    "PLACEMENT_KEYS",
     "RunWriter",
     "config_hash",
     "create_run_dir",
@@ -55,10 +56,20 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 _MAX_TRIES = 100
 
 
+PLACEMENT_KEYS = ("executor", "ray")
+"""Top-level config keys that say where a run computes, not what it computes: left out of `config_hash`, so
+a run resumes under either executor (they give the same results, ``tests/test_executors.py``) and configs
+written before these keys existed hash as they did."""
+
+
 def config_hash(cfg: dict[str, Any]) -> str:
     """A stable 12-hex-digit hash of a resolved config (key order, tuples vs lists and paths vs strings
-    do not matter), used to decide whether a run directory holds "the same config"."""
-    text = json.dumps(to_plain(cfg), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    do not matter; `PLACEMENT_KEYS` are left out), used to decide whether a run directory holds "the same
+    config"."""
+    plain = to_plain(cfg)
+    if isinstance(plain, dict):
+        plain = {k: v for k, v in plain.items() if k not in PLACEMENT_KEYS}
+    text = json.dumps(plain, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
 
 

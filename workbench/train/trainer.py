@@ -13,17 +13,16 @@ configurations (``workbench.config.ALGORITHMS`` and the ``hacpo`` section), neve
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from workbench.config.experiment import ExperimentConfig
+from workbench.config.experiment import ExperimentConfig, RayConfig
 from workbench.core.advantages import capability_aware_advantages, group_advantages
 from workbench.core.capability import CapabilityTracker, capability_ratios
 from workbench.core.losses import LossParams
@@ -78,7 +77,7 @@ class Trainer:
         random.seed(cfg.seed)
         self.names = [spec.display_name for spec in cfg.agents]
         h = cfg.hacpo
-        self.executor_kind = executor or getattr(cfg, "executor", "local")
+        self.executor_kind = executor or cfg.executor
         self.executor = make_executor(
             self.executor_kind,
             [
@@ -86,7 +85,7 @@ class Trainer:
                 for k, spec in enumerate(cfg.agents)
             ],
             seed=cfg.seed,
-            ray_options=_ray_options(getattr(cfg, "ray", None)),
+            ray_options=_ray_options(cfg.ray),
         )
         self.tracker = CapabilityTracker(len(self.names), window=h.window, floor=h.capability_floor)
         self.train_items: list[TaskItem] = load_tasks(
@@ -384,14 +383,13 @@ def _worker_settings(cfg: ExperimentConfig) -> WorkerSettings:
     )
 
 
-def _ray_options(section: Any) -> RayOptions:
-    """`RayOptions` from the config's ``ray`` section (a dataclass or mapping; absent = defaults)."""
-    if section is None:
-        return RayOptions()
-    known = {f.name for f in dataclasses.fields(RayOptions)}
-    if isinstance(section, Mapping):
-        return RayOptions(**{k: v for k, v in section.items() if k in known})
-    return RayOptions(**{k: getattr(section, k) for k in known if hasattr(section, k)})
+def _ray_options(section: RayConfig) -> RayOptions:
+    """`RayOptions` from the config's validated ``ray`` section."""
+    return RayOptions(
+        address=section.address,
+        cpus_per_agent=section.cpus_per_agent,
+        gpus_per_agent=section.gpus_per_agent,
+    )
 
 
 _COST_KEYS = ("generated_responses", "generated_tokens", "trained_responses", "trained_tokens", "updates")
