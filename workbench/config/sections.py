@@ -59,7 +59,8 @@ class TaskConfig:
     """Keyword arguments for the held-out source; None = ``knobs`` when it is the same source, else none."""
     eval_sources: tuple[str, ...] = ()
     """Further held-out sources evaluated next to ``eval_source`` (``[math500, "gym:gsm_symbolic"]``): each
-    its ``test`` split, ``eval_size`` items, no knobs."""
+    its ``test`` split, ``eval_size`` items, no knobs; logged as ``eval/<source>/acc/<agent>`` and
+    ``eval/<source>/avg@k/<agent>`` (``<source>``: a file's stem, else the name with ``:`` made ``_``)."""
 
     def __post_init__(self) -> None:
         coerce_fields(self, "task")
@@ -78,6 +79,8 @@ class TaskConfig:
         require(
             all(map(str.strip, self.eval_sources)), "task.eval_sources", self.eval_sources, "source names"
         )
+        unique = len(set(self.eval_sources)) == len(self.eval_sources)
+        require(unique, "task.eval_sources", list(self.eval_sources), "each source once")
 
 
 @dataclass(frozen=True)

@@ -11,22 +11,32 @@ runs any agent, in any state, on a list of task items through ``workbench.agents
 | | reported for j = 1, 2, 4, ... < k and j = k |
 | ``best@k`` | share of items whose best of the k samples is correct (the paper's AIME best@30): the |
 | | empirical max over the samples actually drawn, so it equals pass@k estimated from exactly k samples |
+
+During training, `held_out_sets` gives the sets the trainer evaluates every ``train.eval_every`` steps: the
+main one (``task.eval_source``; metrics ``eval/acc/<agent>``, ``eval/avg@k/<agent>``) and one per
+``task.eval_sources`` entry (metrics ``eval/<source>/acc/<agent>``, ``eval/<source>/avg@k/<agent>``, with
+``<source>`` from `source_key`).
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 from typing import Any
 
 import pandas as pd
 
 from workbench.agents.rollout import generate
+from workbench.config.experiment import ExperimentConfig
 from workbench.core.types import TaskItem
 from workbench.tasks.metrics import summarize
 from workbench.tasks.prompts import PAPER_INSTRUCTION, build_prompt
 from workbench.tasks.rewards import grade_batch
+from workbench.tasks.sources import load_tasks
+from workbench.train.preflight import held_out_sources
 
 logger = logging.getLogger(__name__)
 
@@ -139,3 +149,55 @@ def evaluate(
         frames.append(_frame(rollouts, items, k, False, name, benchmark, method))
     samples = pd.concat(frames, ignore_index=True)
     return EvalResult(samples=samples, summary=summarize(samples))
+
+
+@dataclass(frozen=True)
+class HeldOutSet:
+    """One held-out set the trainer evaluates (see `held_out_sets`)."""
+
+    benchmark: str
+    """The task source, as written in the config: the ``benchmark`` column of ``evals.csv``."""
+    items: list[TaskItem]
+    """Its ``test`` split: ``task.eval_size`` items."""
+    prefix: str
+    """Metric keys start with it: ``eval`` for the main set, ``eval/<source_key>`` for each further one."""
+
+
+_NOT_IN_KEYS = re.compile(r"[^A-Za-z0-9_.+-]+")
+
+
+def source_key(source: str) -> str:
+    """A task source as one metric-key segment: a file's stem (``file:data/my_set.jsonl`` → ``my_set``),
+    else the name with each run of characters other than letters, digits and ``_.+-`` made ``_``
+    (``gym:basic_arithmetic`` → ``gym_basic_arithmetic``)."""
+    name = PurePosixPath(source[len("file:") :]).stem if source.startswith("file:") else source
+    return _NOT_IN_KEYS.sub("_", name).strip("_") or "source"
+
+
+def held_out_sets(cfg: ExperimentConfig) -> list[HeldOutSet]:
+    """The held-out sets of a run: the main one (``task.eval_source``, else the training source's ``test``
+    split), then one per ``task.eval_sources`` entry; each ``task.eval_size`` items drawn with
+    ``task.eval_seed`` (None: the run's seed). None when ``task.eval_size`` is 0.
+
+    Sources are resolved as the pre-flight checks them (`workbench.train.preflight.held_out_sources`). Two
+    further sources with the same `source_key`, or one named ``acc`` (the main set's key family), get a
+    ``_2``, ``_3`` ... suffix, so no two sets share a metric key.
+    """
+    task = cfg.task
+    if not task.eval_size:
+        return []
+    seed = cfg.seed if task.eval_seed is None else task.eval_seed
+    sets, used = [], {"acc"}
+    for i, (_, source, knobs) in enumerate(held_out_sources(task)):
+        items = load_tasks(source, split="test", n=task.eval_size, seed=seed, **knobs)
+        if i == 0:
+            sets.append(HeldOutSet(source, items, "eval"))
+            continue
+        key = base = source_key(source)
+        n = 1
+        while key in used:
+            n += 1
+            key = f"{base}_{n}"
+        used.add(key)
+        sets.append(HeldOutSet(source, items, f"eval/{key}"))
+    return sets

@@ -35,6 +35,7 @@ from workbench.train.checkpoint import (
     restore_rng_state,
     save_checkpoint,
 )
+from workbench.train.evaluate import HeldOutSet, held_out_sets
 from workbench.train.exchange import SharedRollout
 from workbench.train.executors import RayOptions, make_executor
 from workbench.train.rundir import RunWriter
@@ -91,21 +92,8 @@ class Trainer:
         self.train_items: list[TaskItem] = load_tasks(
             cfg.task.source, split="train", n=cfg.task.train_size, seed=cfg.seed, **cfg.task.knobs
         )
-        eval_source = cfg.task.eval_source or cfg.task.source
-        eval_knobs = cfg.task.eval_knobs
-        if eval_knobs is None:
-            eval_knobs = cfg.task.knobs if eval_source == cfg.task.source else {}
-        self.eval_items: list[TaskItem] = (
-            load_tasks(
-                eval_source,
-                split="test",
-                n=cfg.task.eval_size,
-                seed=cfg.seed if cfg.task.eval_seed is None else cfg.task.eval_seed,
-                **eval_knobs,
-            )
-            if cfg.task.eval_size
-            else []
-        )
+        # The main held-out set, then one per task.eval_sources entry (none when task.eval_size is 0).
+        self.held_out: list[HeldOutSet] = held_out_sets(cfg)
         self.step = 0
         self.cost = {f"cost/{n}/{k}": 0.0 for n in self.names for k in _COST_KEYS}
         self._orders: dict[int, list[int]] = {}
@@ -147,31 +135,35 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------ evaluation
     def evaluate(self) -> dict[str, float]:
-        """Greedy accuracy and sampled avg@k of every agent on the held-out items, appended to ``evals.csv``.
+        """Greedy accuracy and sampled avg@k of every agent on every held-out set, appended to ``evals.csv``.
 
         Logs ``eval/acc/<agent>`` (greedy) and ``eval/avg@k/<agent>`` (k = ``train.eval_samples`` responses
-        per item at ``train.eval_temperature``, when k > 0).
+        per item at ``train.eval_temperature``, when k > 0) on the main set, and the same under
+        ``eval/<source>/`` on each of ``task.eval_sources`` (`workbench.train.evaluate.held_out_sets`).
         """
-        if not self.eval_items:
+        if not self.held_out:
             return {}
         t, task = self.cfg.train, self.cfg.task
-        kwargs = {
-            "items": self.eval_items,
-            "max_new_tokens": t.eval_max_new_tokens or t.max_new_tokens,
-            "benchmark": task.eval_source or task.source,
-            "instruction": task.instruction,
-            "method": task.reward,
-            "k": t.eval_samples,
-            "temperature": t.eval_temperature,
-        }
         metrics, rows = {}, []
-        for name, (agent_rows, values) in zip(
-            self.names, self.executor.each("evaluate", [kwargs] * len(self.names))
-        ):
-            rows += agent_rows
-            metrics[f"eval/acc/{name}"] = values["greedy_acc"]
-            if t.eval_samples:
-                metrics[f"eval/avg@{t.eval_samples}/{name}"] = values[f"avg@{t.eval_samples}"]
+        for held_out in self.held_out:
+            kwargs = {
+                "items": held_out.items,
+                "max_new_tokens": t.eval_max_new_tokens or t.max_new_tokens,
+                "benchmark": held_out.benchmark,
+                "instruction": task.instruction,
+                "method": task.reward,
+                "k": t.eval_samples,
+                "temperature": t.eval_temperature,
+            }
+            for name, (agent_rows, values) in zip(
+                self.names, self.executor.each("evaluate", [kwargs] * len(self.names))
+            ):
+                rows += agent_rows
+                metrics[f"{held_out.prefix}/acc/{name}"] = values["greedy_acc"]
+                if t.eval_samples:
+                    metrics[f"{held_out.prefix}/avg@{t.eval_samples}/{name}"] = values[
+                        f"avg@{t.eval_samples}"
+                    ]
         self.writer.append_evals(self.step, rows)
         return metrics
 
