@@ -3,7 +3,7 @@
 For a tiny agent (``tiny:llama-bpe``: Llama layers, which 4-bit quantizes) and the embedded SmolLM2-135M:
 
 1. Rollouts of `workbench.agents.rollout.generate` at batch 64 (temperature 1), in two shapes: 64 distinct
-   prompts x 1 sample, and the trainer's 8 prompts x G 8. Prefill (`rollout._prefill`) and decode
+   prompts x 1 sample, and the trainer's 8 prompts x G 8. Prefill (`rollout.prefill`) and decode
    (`rollout._decode`) are timed apart. Generated tokens per second are set against the fp32 matmul peak of
    the decode shape (64x576 · 576x1536, SmolLM2's MLP at batch 64), measured in the same process between the
    repetitions: ``util`` = generated tokens x FLOPs per token / time / peak, FLOPs per token = 2 x (non-
@@ -110,7 +110,7 @@ def worker_rollout(which: str, repeats: int) -> dict:
 
         return wrapper
 
-    rollout._prefill = timed("prefill", rollout._prefill)
+    rollout.prefill = timed("prefill", rollout.prefill)  # the name `_sample_chunk` calls
     rollout._decode = timed("decode", rollout._decode)
     out: dict = {"flops_per_token": _flops_per_token(agent.model), "peaks": [], "shapes": {}}
     rollout.generate(agent, _prompts(which, 8), n=2, max_new_tokens=4, seed=0)  # warm-up

@@ -12,14 +12,13 @@ from workbench.agents.hf import bnb_config, lora_config
 from workbench.agents.kvcache import preallocate
 from workbench.agents.loading import load_agent
 from workbench.agents.rollout import (
-    _pick_B,
-    _shared_prefix,
     generate,
     reference_token_logprobs,
     score_rollouts,
     sequence_logprobs,
     token_logprobs,
 )
+from workbench.agents.sampling import pick_B, shared_prefix
 from workbench.agents.sharing import build_training_batch
 from workbench.agents.tokens import self_token_batch
 from workbench.config.agent_spec import AgentSpec, AgentSpecError, LoraSpec
@@ -164,9 +163,9 @@ def test_generate_rejects_context_overflow_and_bad_settings(char_agent):
 def test_top_p_keeps_the_nucleus_only():
     logits_B_V = torch.log(torch.tensor([[0.6, 0.3, 0.1], [0.1, 0.2, 0.7]]))
     gen = torch.Generator().manual_seed(0)
-    picks = torch.stack([_pick_B(logits_B_V, 1.0, 0.5, gen) for _ in range(50)])
+    picks = torch.stack([pick_B(logits_B_V, 1.0, 0.5, gen) for _ in range(50)])
     assert (picks[:, 0] == 0).all() and (picks[:, 1] == 2).all()
-    picks = torch.stack([_pick_B(logits_B_V, 1.0, 0.85, gen) for _ in range(200)])
+    picks = torch.stack([pick_B(logits_B_V, 1.0, 0.85, gen) for _ in range(200)])
     assert set(picks[:, 0].tolist()) == {0, 1}  # 0.6 + 0.3 covers 0.85; the 0.1 token is cut
 
 
@@ -202,9 +201,9 @@ def test_shared_prefill_gives_the_greedy_tokens_of_a_plain_loop(which, prompts, 
 
 def test_chunked_lm_head_gives_the_same_greedy_tokens_and_is_restored(bpe_agent, monkeypatch):
     """The decode-time LM head in slices of columns (a 400-token vocabulary in slices of 64 here)."""
-    import workbench.agents.rollout as rollout_module
+    import workbench.agents.sampling as sampling_module
 
-    monkeypatch.setattr(rollout_module, "HEAD_CHUNK", 64)
+    monkeypatch.setattr(sampling_module, "HEAD_CHUNK", 64)
     head = bpe_agent.model.get_output_embeddings()
     assert head.out_features > 64
     prompts = ["1+2*3", "9-4", "7*7+1"]
@@ -214,10 +213,10 @@ def test_chunked_lm_head_gives_the_same_greedy_tokens_and_is_restored(bpe_agent,
 
 
 def test_shared_prefix_leaves_every_prompt_a_token_of_its_own():
-    assert _shared_prefix([[1, 2, 3, 4], [1, 2, 5], [1, 2, 3]]) == 2
-    assert _shared_prefix([[1, 2, 3], [1, 2, 3, 4]]) == 2  # the first prompt keeps its last token
-    assert _shared_prefix([[1, 2], [3, 4]]) == 0
-    assert _shared_prefix([[7], [7, 8]]) == 0
+    assert shared_prefix([[1, 2, 3, 4], [1, 2, 5], [1, 2, 3]]) == 2
+    assert shared_prefix([[1, 2, 3], [1, 2, 3, 4]]) == 2  # the first prompt keeps its last token
+    assert shared_prefix([[1, 2], [3, 4]]) == 0
+    assert shared_prefix([[7], [7, 8]]) == 0
 
 
 @pytest.mark.parametrize("which", ["char_agent", "bpe_agent"])
@@ -247,17 +246,17 @@ def test_preallocated_cache_gives_the_logits_of_the_dynamic_cache(which, request
 def test_inverse_cdf_sampling_draws_the_tempered_distribution():
     probs_V = torch.tensor([0.5, 0.25, 0.125, 0.125, 0.0])
     gen = torch.Generator().manual_seed(0)
-    picks = _pick_B(probs_V.log().expand(8000, -1), 1.0, 1.0, gen)
+    picks = pick_B(probs_V.log().expand(8000, -1), 1.0, 1.0, gen)
     freq_V = torch.bincount(picks, minlength=5) / len(picks)
     assert freq_V[4] == 0  # a zero-probability token is never drawn
     assert torch.allclose(freq_V[:4], probs_V[:4], atol=0.025)
-    picks = _pick_B(probs_V.log().expand(8000, -1), 2.0, 1.0, gen)  # softmax(log p / 2) ∝ sqrt(p)
+    picks = pick_B(probs_V.log().expand(8000, -1), 2.0, 1.0, gen)  # softmax(log p / 2) ∝ sqrt(p)
     tempered_V = probs_V.sqrt() / probs_V.sqrt().sum()
     assert torch.allclose(torch.bincount(picks, minlength=5) / len(picks), tempered_V, atol=0.025)
     # a 50k vocabulary whose tail of 1e-5 tokens holds half the mass: the tail keeps its share
     tail_V = torch.full((50_000,), 0.5 / 49_999)
     tail_V[123] = 0.5
-    picks = _pick_B(tail_V.log().expand(8000, -1), 1.0, 1.0, gen)
+    picks = pick_B(tail_V.log().expand(8000, -1), 1.0, 1.0, gen)
     assert (picks == 123).float().mean().item() == pytest.approx(0.5, abs=0.025)
     assert len(set(picks.tolist())) > 3000
 
@@ -265,7 +264,7 @@ def test_inverse_cdf_sampling_draws_the_tempered_distribution():
 def test_inverse_cdf_never_draws_a_zero_probability_token_when_u_rounds_onto_the_total(monkeypatch):
     logits_B_V = torch.tensor([[0.0, 0.0, -math.inf]]).expand(50, -1)
     monkeypatch.setattr(torch, "rand", lambda shape, **kw: torch.ones(shape, dtype=torch.float64))
-    picks = _pick_B(logits_B_V, 1.0, 1.0, torch.Generator().manual_seed(0))
+    picks = pick_B(logits_B_V, 1.0, 1.0, torch.Generator().manual_seed(0))
     assert set(picks.tolist()) <= {0, 1} and len(set(picks.tolist())) == 2
 
 
