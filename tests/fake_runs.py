@@ -58,6 +58,7 @@ def write_run(
         metrics: dict[str, float] = {}
         if step:
             metrics["time/step_s"] = step_s
+            metrics |= {f"train/acc/{a}": 0.1 * step + 0.01 * seed + 0.1 * i for i, a in enumerate(agents)}
             for i, a in enumerate(agents):
                 generated = step * PROMPTS * GROUP * multiplier
                 metrics[f"cost/{a}/generated_responses"] = generated
@@ -74,6 +75,7 @@ def write_run(
             ]
             if avg is not None:
                 sampled = [v - 0.05 for v in initial] if step == 0 else avg
+                metrics |= {f"eval/avg@4/{a}": v for a, v in zip(agents, sampled)}
                 rows += [
                     {"agent": a, "benchmark": "arith", "metric": "avg@4", "value": v}
                     for a, v in zip(agents, sampled)

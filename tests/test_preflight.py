@@ -128,9 +128,9 @@ def test_a_source_override_drops_the_old_sources_knobs(caplog, tmp_path):
     path.write_text("\n".join(json.dumps({"question": f"{i}+{i}", "answer": str(2 * i)}) for i in range(50)))
     cfg = _cfg(f"task.source=file:{path}")
     assert dict(cfg.task.knobs) == {}
-    assert "dropping its task.knobs {'n_ops': [1, 3], 'max_operand': 9}" in caplog.text
+    assert "dropping its task.knobs {'regime': 'addsub'}" in caplog.text
     check_experiment(cfg)  # the file is split by hash: train and held-out are disjoint
     kept = _cfg(f"task.source=file:{path}", "task.knobs.holdout=hash")  # given with the override: kept
     assert dict(kept.task.knobs) == {"holdout": "hash"}
     same = _cfg("task.source=embedded")  # not a change: the YAML's knobs stay
-    assert dict(same.task.knobs) == {"n_ops": (1, 3), "max_operand": 9}
+    assert dict(same.task.knobs) == {"regime": "addsub"}

@@ -39,7 +39,8 @@ def results(tmp_path_factory):
 def test_comparison_csv_has_means_stds_cost_and_time(results):
     _, out, files = results
     assert [f.name for f in files] == [
-        "comparison.csv", "verdicts.csv", "excluded.csv", "tokens_vs_bytes.csv", "comparison.md",
+        "comparison.csv", "verdicts.csv", "excluded.csv", "tokens_vs_bytes.csv", "curves.csv",
+        "curves_model.svg", "comparison.md",
     ]  # fmt: skip
     table = pd.read_csv(out / "comparison.csv").set_index(["method", "agent"])
     hacpo = table.loc[("hacpo", "a")]
@@ -123,3 +124,20 @@ def test_one_seed_is_called_a_smoke_test(tmp_path):
     assert "1 seed: a smoke test, not a result" in text and "0.500 ± —" in text
     with pytest.raises(ValueError, match="no finished run to summarize"):
         summary.write_summary(tmp_path / "summary", tmp_path / "again")
+
+
+def test_curves_mean_std_over_seeds_per_step_and_figure(results):
+    _, out, _ = results
+    curves = pd.read_csv(out / "curves.csv").set_index(["method", "agent", "metric", "step"])
+    greedy = curves.loc[("hacpo", "a", "greedy_acc", 4)]
+    assert greedy["n"] == 3 and greedy["mean"] == pytest.approx(0.51) and greedy["std"] == pytest.approx(0.01)
+    assert curves.loc[("hacpo", "a", "greedy_acc", 0), "mean"] == pytest.approx(0.4)
+    assert curves.loc[("gspo", "b", "avg@4", 4), "mean"] == pytest.approx(0.61)
+    # Own-rollout accuracy over the 4 steps of the first 5-step window (0.1·step + 0.01·seed + 0.1·i),
+    # labelled with the window's last step; the unfinished and other-code runs (seed 3) are not in it.
+    window = curves.loc[("hacpo", "b", "train_acc@5", 4)]
+    assert window["n"] == 3 and window["mean"] == pytest.approx(0.25 + 0.01 + 0.1)
+    assert window["std"] == pytest.approx(0.01)
+    svg = (out / "curves_model.svg").read_text()
+    assert svg.startswith("<svg") and "held-out avg@4" in svg
+    assert "curves_model.svg" in (out / "comparison.md").read_text()

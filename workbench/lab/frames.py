@@ -9,6 +9,7 @@ same code version; everything else is listed as excluded with its reason, never 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -43,6 +44,9 @@ _KEY_SCHEMES: dict[str, tuple[str, ...]] = {
     "grad_norm": ("learner",),
     "adv": ("learner", "stat"),
 }
+
+_EVAL_FAMILY = re.compile(r"eval/(?:[^/]+/)?(?:acc|avg@\d+)")
+"""Held-out metric families (``eval/acc``, ``eval/avg@k``, and the same under an extra ``eval/<source>/``)."""
 
 
 def _iter_paths(paths: Iterable[Path | str] | Path | str) -> list[Path]:
@@ -160,6 +164,8 @@ def load_evals(paths: Iterable[Path | str] | Path | str) -> pd.DataFrame:
 
 def _segment_names(prefix: str) -> tuple[str, ...] | None:
     """Names of the key segments after ``prefix``, or None when the family is unknown."""
+    if _EVAL_FAMILY.fullmatch(prefix):  # eval/acc, eval/avg@4, eval/<source>/acc ...: one agent segment
+        return ("agent",)
     for base, names in _KEY_SCHEMES.items():
         if prefix == base or prefix.startswith(base + "/"):
             depth = prefix.count("/") - base.count("/")
