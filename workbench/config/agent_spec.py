@@ -91,7 +91,8 @@ class AgentSpec:
     compute_dtype: str = "auto"
     """bitsandbytes compute dtype; ``auto`` = float32 on CPU (bf16 is ~20x slower there), bfloat16 on CUDA."""
     dtype: str = "auto"
-    """Weight dtype; ``auto`` = float32 on CPU, bfloat16 on CUDA."""
+    """Weight dtype; ``auto`` = float32 on CPU; on CUDA bfloat16 for a LoRA base, float32 master weights under
+    bf16 autocast for full fine-tuning (`workbench.agents.hf.resolve_dtype`)."""
     device: str = "auto"
     """``cpu``, ``cuda``, ``cuda:1``...; ``auto`` = ``cuda`` when available, else ``cpu``."""
     gradient_checkpointing: bool = False
