@@ -19,6 +19,7 @@ import argparse
 import dataclasses
 import logging
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -271,5 +272,14 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def cli() -> int:
+    """`main` for a process of its own (``python -m workbench``, the ``hacpo-workbench`` script): once the
+    command has returned, a late Ctrl-C is ignored, so that it cannot turn a finished (or already
+    interrupted, exit 130) command into a death by signal while the interpreter shuts down."""
+    code = main()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return code
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli())
