@@ -78,3 +78,15 @@ def test_a_damaged_newest_checkpoint_falls_back_and_unknown_agents_are_named(tmp
         load_agent(run_dir, agent="llama")
     with pytest.raises(TypeError, match="for run directories only"):
         load_agent(str(char_agent_dir), agent="char")
+
+
+def test_a_run_with_a_custom_reward_loads_without_its_module(tmp_path, char_agent_dir):
+    """Loading or exporting a trained agent reads only the run's agents: the custom reward module the run
+    was trained with need not be importable here."""
+    run_dir, trained = _trained_run(tmp_path, {"model": str(char_agent_dir), "name": "char"})
+    config = run_dir / "config.yaml"
+    config.write_text(config.read_text().replace("reward: math_verify", "reward: gone_module:score"))
+    assert "gone_module:score" in config.read_text()
+    loaded = load_agent(run_dir, agent="char")
+    torch.testing.assert_close(_logits(loaded), _logits(trained))
+    assert export_run(run_dir)["char"] == [run_dir / "export" / "char" / "model"]

@@ -34,7 +34,7 @@ from workbench.agents.embedded import EMBEDDED_MODELS, ensure_embedded
 from workbench.agents.hf import build_agent
 from workbench.agents.zoo import TINY_PRESETS, build_tiny
 from workbench.config.agent_spec import AgentSpec, as_spec
-from workbench.config.experiment import from_dict
+from workbench.config.experiment import agent_specs
 from workbench.core import env
 
 __all__ = [
@@ -193,9 +193,13 @@ def is_run_dir(path: str | Path) -> bool:
 
 
 def run_agents(run_dir: str | Path) -> list[AgentSpec]:
-    """The agent specs of a run, from its ``config.yaml``, in order."""
+    """The agent specs of a run, from its ``config.yaml``, in order.
+
+    Only the ``agents`` entry is read: loading a trained agent needs neither the run's task nor its reward
+    (a custom ``task.reward`` module need not be importable where the agent is loaded or exported).
+    """
     path = Path(run_dir).expanduser() / "config.yaml"
-    return list(from_dict(yaml.safe_load(path.read_text(encoding="utf-8"))).agents)
+    return list(agent_specs((yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("agents")))
 
 
 def _load_trained(run_dir: Path, agent: str | None, name: str | None, changes: dict[str, Any]) -> Agent:

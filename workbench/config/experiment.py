@@ -46,6 +46,7 @@ __all__ = [
     "RayConfig",
     "TaskConfig",
     "TrainConfig",
+    "agent_specs",
     "expand_seeds",
     "from_dict",
 ]
@@ -92,7 +93,7 @@ class ExperimentConfig:
         for name, cls in _SECTIONS.items():
             object.__setattr__(self, name, build(name, cls, getattr(self, name)))
         coerce_fields(self, "")
-        object.__setattr__(self, "agents", _agent_specs(self.agents))
+        object.__setattr__(self, "agents", agent_specs(self.agents))
         require_name("experiment", self.experiment, "the run directory's parent folder")
         require(self.seed >= 0, "seed", self.seed, ">= 0")
         if self.seeds is not None:
@@ -146,7 +147,7 @@ _SECTIONS = {
 }
 
 
-def _agent_specs(agents: Any) -> tuple[AgentSpec, ...]:
+def agent_specs(agents: Any) -> tuple[AgentSpec, ...]:
     """Agent specs from specs, mappings (one YAML ``agents`` entry) or model strings; names set and unique."""
     if isinstance(agents, str | Mapping) or not isinstance(agents, Sequence) or not agents:
         raise ConfigError(f"agents: expected a non-empty list of agent specs, got {agents!r}")
