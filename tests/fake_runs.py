@@ -30,10 +30,12 @@ def write_run(
     in_range: float | None = None,
     ratio_normalization: str = "tokens",
     step_s: float = 2.0,
+    train_acc: bool = True,
 ) -> Path:
     """A finished (``done``) run: evals at step 0 and ``steps`` (greedy and, with ``avg``, avg@4), cost,
     time and (with ``in_range``) cross in-range fractions in ``metrics.jsonl``; ``version="current"`` is this
-    code's version, None leaves ``code_version`` out of ``environment.json``."""
+    code's version, None leaves ``code_version`` out of ``environment.json``; ``train_acc=False`` logs no
+    ``train/acc`` (own-rollout accuracy)"""
     run_dir = create_run_dir(root, experiment)
     writer = RunWriter(run_dir)
     writer.write_config(
@@ -58,7 +60,10 @@ def write_run(
         metrics: dict[str, float] = {}
         if step:
             metrics["time/step_s"] = step_s
-            metrics |= {f"train/acc/{a}": 0.1 * step + 0.01 * seed + 0.1 * i for i, a in enumerate(agents)}
+            if train_acc:
+                metrics |= {
+                    f"train/acc/{a}": 0.1 * step + 0.01 * seed + 0.1 * i for i, a in enumerate(agents)
+                }
             for i, a in enumerate(agents):
                 generated = step * PROMPTS * GROUP * multiplier
                 metrics[f"cost/{a}/generated_responses"] = generated

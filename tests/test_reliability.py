@@ -229,7 +229,7 @@ _STANDBY = textwrap.dedent(
     if sys.stdin.readline().strip() != "go":
         sys.exit(0)
     sys.argv = [workbench.__main__.__file__, "run", sys.argv[1]]  # as `python -m workbench run` sets it
-    sys.exit(workbench.__main__.main())
+    sys.exit(workbench.__main__.cli())  # what `python -m workbench` runs
     """
 )
 

@@ -11,9 +11,13 @@ from workbench.lab import report
 def test_benchmark_report_tables_have_mean_std_n_and_exclusions(tmp_path):
     runs = tmp_path / "runs"
     for seed in (0, 1):
-        write_run(runs, algorithm="hacpo", seed=seed, final=(0.5 + 0.1 * seed, 0.7), avg=(0.4, 0.6))
-        write_run(runs, algorithm="gspo", seed=seed, final=(0.4, 0.6 + 0.1 * seed), avg=(0.3, 0.5))
-    write_run(runs, algorithm="gspo", seed=2, version="01d000000000")  # other code: left out
+        write_run(
+            runs, algorithm="hacpo", seed=seed, final=(0.5 + 0.1 * seed, 0.7), avg=(0.4, 0.6), train_acc=False
+        )
+        write_run(
+            runs, algorithm="gspo", seed=seed, final=(0.4, 0.6 + 0.1 * seed), avg=(0.3, 0.5), train_acc=False
+        )
+    write_run(runs, algorithm="gspo", seed=2, version="01d000000000", train_acc=False)  # other code: left out
     out = tmp_path / "out"
     bench = report.benchmark_report([runs], out)
     assert {"table1", "table1_avg4"} <= set(bench.tables) and "figure3" in bench.charts
