@@ -264,3 +264,24 @@ def test_seeds_from_yaml_and_override(tmp_path):
     assert load_experiment(tmp_path / "e.yaml").seeds == (0, 1)
     assert load_experiment(tmp_path / "e.yaml", ["seeds=[3, 4, 5]"]).seeds == (3, 4, 5)
     assert load_experiment(tmp_path / "e.yaml", ["seeds=null"]).seeds is None
+
+
+def test_agent_spec_system_turn_and_chat_template_kwargs(smollm2_dir):
+    """A system turn replaces the template's default one; chat_template_kwargs reach apply_chat_template."""
+    from workbench.agents.loading import load_agent
+    from workbench.config.agent_spec import AgentSpec, AgentSpecError
+
+    spec = AgentSpec.from_dict(
+        {"model": str(smollm2_dir), "system": "Be brief.", "chat_template_kwargs": {"unused_flag": True}}
+    )
+    assert spec.to_dict()["chat_template_kwargs"] == {"unused_flag": True}
+    assert hash(spec)  # still a frozen, hashable spec
+    agent = load_agent(spec)
+    default = load_agent(AgentSpec(model=str(smollm2_dir)))
+    text = agent.format_prompt("2+2")
+    assert text.startswith("<|im_start|>system\nBe brief.<|im_end|>")
+    assert "SmolLM" in default.format_prompt("2+2") and "SmolLM" not in text
+    with pytest.raises(AgentSpecError, match="chat_template_kwargs"):
+        AgentSpec(model="x", chat_template_kwargs={"add_generation_prompt": False})
+    with pytest.raises(AgentSpecError, match="system"):
+        AgentSpec(model="x", system=3)

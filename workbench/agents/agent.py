@@ -2,7 +2,8 @@
 
 Built by `workbench.agents.loading.load_agent` (the only place that calls ``from_pretrained``). Prompt format:
 with a chat template (when the tokenizer has one and ``spec.chat_template`` is not False) the prompt is the
-template applied to one user message plus the generation prompt; otherwise it is ``spec.prompt_template``
+template applied to an optional system turn (``spec.system``) and one user message plus the generation prompt,
+with ``spec.chat_template_kwargs``; otherwise it is ``spec.prompt_template``
 (default ``"Q: {content}\\nA: "``). Tiny agents have no chat template.
 
 Models are kept in eval mode: dropout is off both when rollouts are scored and when the learner is trained, so
@@ -79,8 +80,11 @@ class Agent:
     def format_prompt(self, content: str) -> str:
         """The full prompt text for one user message (chat template or the plain template)."""
         if self.uses_chat_template:
-            messages = [{"role": "user", "content": content}]
-            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            system = [] if self.spec.system is None else [{"role": "system", "content": self.spec.system}]
+            messages = [*system, {"role": "user", "content": content}]
+            return self.tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=True, **(self.spec.chat_template_kwargs or {})
+            )
         return self.spec.prompt_template.format(content=content)
 
     def encode_prompt(self, content: str) -> list[int]:

@@ -19,8 +19,11 @@ libraries lazily so that reading a spec stays cheap.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from workbench.config.frozen import FrozenMap, freeze, thaw
 
 QUANTIZATIONS = ("none", "4bit", "8bit")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -99,6 +102,11 @@ class AgentSpec:
     """Recompute activations in the backward pass (less memory, ~30% more time)."""
     chat_template: bool | None = None
     """Use the tokenizer's chat template; None = when it has one, False = always the plain template."""
+    system: str | None = None
+    """System turn put before the user message when the chat template is used; None = the template's own
+    default (SmolLM2's names the model; Qwen3's has none). Ignored by the plain template."""
+    chat_template_kwargs: FrozenMap | None = None
+    """Extra keywords of ``apply_chat_template`` (e.g. ``{enable_thinking: false}`` for Qwen3)."""
     prompt_template: str = DEFAULT_PROMPT_TEMPLATE
     """Plain prompt format (must contain ``{content}``), used when no chat template applies."""
     temperature: float = 1.0
@@ -115,6 +123,13 @@ class AgentSpec:
     def __post_init__(self) -> None:
         if isinstance(self.lora, dict):
             object.__setattr__(self, "lora", LoraSpec.from_dict(self.lora))
+        if isinstance(self.chat_template_kwargs, Mapping) and not isinstance(
+            self.chat_template_kwargs, FrozenMap
+        ):
+            try:
+                object.__setattr__(self, "chat_template_kwargs", freeze(dict(self.chat_template_kwargs)))
+            except TypeError as exc:
+                raise AgentSpecError(f"chat_template_kwargs: {exc}") from None
         self.validate()
 
     @classmethod
@@ -136,6 +151,8 @@ class AgentSpec:
         data = dataclasses.asdict(self)
         if self.lora is not None and not isinstance(self.lora.target_modules, str):
             data["lora"]["target_modules"] = list(self.lora.target_modules)
+        if self.chat_template_kwargs is not None:
+            data["chat_template_kwargs"] = thaw(self.chat_template_kwargs)
         return data
 
     def validate(self) -> None:
@@ -167,6 +184,17 @@ class AgentSpec:
             raise AgentSpecError(
                 f"prompt_template = {self.prompt_template!r} is not allowed: "
                 "a string containing '{content}'"
+            )
+        if self.system is not None and not isinstance(self.system, str):
+            raise AgentSpecError(f"system = {self.system!r} is not allowed: a string or null")
+        kwargs = self.chat_template_kwargs
+        if kwargs is not None and not (
+            isinstance(kwargs, FrozenMap) and "add_generation_prompt" not in kwargs
+        ):
+            raise AgentSpecError(
+                f"chat_template_kwargs = {kwargs!r} is not allowed: a mapping of apply_chat_template "
+                "keywords "
+                "(add_generation_prompt is always true) or null"
             )
         if self.chat_template not in (None, True, False):
             raise AgentSpecError(
