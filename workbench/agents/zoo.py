@@ -1,10 +1,15 @@
 """A tiny agent zoo: small transformers models with their own tokenizers, warm-started on the embedded task.
 
-``load_agent("tiny:<preset>")`` builds a preset on first use (deterministically from its seed) and caches it
-under ``$HACPO_CACHE/tiny/``. A build: tokenizer (character-level, or a byte-level BPE trained with
-``tokenizers`` on the task text) → model from a transformers config → a short supervised warm start on worked
-solutions of `workbench.tasks.arithmetic.embedded_task` (its default regime) → greedy accuracy on 1,000
-held-out problems, written with the build time into ``card.json`` next to the weights (`read_card`,
+``load_agent("tiny:<preset>")`` loads the preset's weights shipped in the repository (``zoo/tiny/<preset>/``,
+`workbench.agents.shipped`), so every machine starts from the same agents and the numbers on their cards.
+`build_tiny` rebuilds a preset on this machine (deterministically from its seed on one machine, but not
+bit for bit across CPUs) and caches it under ``$HACPO_CACHE/tiny/``; ``python -m workbench zoo build
+tiny:<preset>`` does that and reports how far the rebuild lands from the shipped card.
+
+A build: tokenizer (character-level, or a byte-level BPE trained with ``tokenizers`` on the task text) →
+model from a transformers config → a short supervised warm start on worked solutions of
+`workbench.tasks.arithmetic.embedded_task` (its default regime) → greedy accuracy on 1,000 held-out problems,
+written with the build time and the machine into ``card.json`` next to the weights (`read_card`,
 `zoo_table`).
 
 Presets cover the paper's three kinds of heterogeneity (spec §1), see `ZOO_PAIRS`:
@@ -17,7 +22,7 @@ Presets cover the paper's three kinds of heterogeneity (spec §1), see `ZOO_PAIR
 
 Tiny agents use the plain prompt template (``"Q: {content}\\nA: "``) on the bare question (no instruction).
 Setting ``HACPO_TINY_WARM_STEPS`` overrides every preset's warm-start steps (tests use it to build in
-seconds); such builds are cached separately.
+seconds): ``tiny:<preset>`` then builds that variant into the cache instead of loading the shipped one.
 """
 
 from __future__ import annotations
@@ -38,15 +43,14 @@ from typing import Any
 import torch
 
 from workbench.agents.hf import build_agent
-from workbench.agents.rollout import generate
+from workbench.agents.sft import greedy_accuracy, solution_pairs, supervised_steps
+from workbench.agents.shipped import ship, shipped_card, shipped_dir
 from workbench.agents.tiny_tokenizers import build_tokenizer
-from workbench.agents.tokens import pack
 from workbench.config.agent_spec import DEFAULT_PROMPT_TEMPLATE, AgentSpec
 from workbench.core.env import cache_root
 from workbench.core.io import atomic_write_json
+from workbench.core.machine import machine_info
 from workbench.tasks.arithmetic import embedded_task
-from workbench.tasks.prompts import build_prompt
-from workbench.tasks.rewards import grade_batch
 
 logger = logging.getLogger(__name__)
 
@@ -176,19 +180,6 @@ def _init_model_dir(preset: TinyPreset, out_dir: Path) -> None:
     tokenizer.save_pretrained(out_dir)
 
 
-WARMUP_STEPS = 20
-"""Linear learning-rate warm-up of every warm start, in steps (then constant)."""
-
-
-def _lr_at(step: int, lr: float) -> float:
-    """Linear warm-up over `WARMUP_STEPS` steps, then constant: the warm start stops mid-curve, not annealed.
-
-    The schedule does not depend on the total step count, so a shorter build is an exact prefix of a longer
-    one with the same seed (``gpt2-char-early`` is a snapshot of ``gpt2-char``'s own trajectory).
-    """
-    return lr * min(1.0, (step + 1) / WARMUP_STEPS)
-
-
 def warm_start(
     agent: Any,
     steps: int,
@@ -199,56 +190,19 @@ def warm_start(
     callback: Callable[[int, Any], None] | None = None,
     callback_every: int = 0,
 ) -> float:
-    """Supervised warm start on worked solutions (loss on response tokens only); returns the final loss.
+    """Supervised warm start of every weight on worked solutions; returns the final loss.
 
-    Uses the agent's own prompt format and tokenization (`Agent.encode_prompt`, response ids + EOS), so the
-    warm-started model sees prompts exactly as `workbench.agents.rollout.generate` will show them. Each step
-    takes ``batch_size`` fresh i.i.d. problems of the default regime (``embedded_task`` is prefix-stable), so
-    the data of a shorter build is a prefix of a longer one's. ``callback(step, agent)`` is called every
-    ``callback_every`` steps (calibration curves).
+    Each step takes ``batch_size`` fresh i.i.d. problems of the default regime (``embedded_task`` is
+    prefix-stable), so the data of a shorter build is a prefix of a longer one's; the prompts are the bare
+    questions in the agent's own format, as rollouts show them (`workbench.agents.sft`).
     """
-
     if steps == 0:
         return float("nan")
     items = embedded_task("train", steps * batch_size, seed=seed)
-    pairs = [
-        (
-            agent.encode_prompt(build_prompt(item.question, instruction=None)),
-            [*agent.tokenizer.encode(item.solution, add_special_tokens=False), agent.eos_token_id],
-        )
-        for item in items
-    ]
-    optimizer = torch.optim.AdamW(agent.model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
-    loss = torch.tensor(float("nan"))
-    for step in range(steps):
-        batch = pack(pairs[step * batch_size : (step + 1) * batch_size], agent.pad_token_id)
-        # An all-ones mask is exact here (right padding + causal attention: no real token sees a pad, and pads
-        # carry no loss) and lets the fused causal attention path run (~10% faster on CPU).
-        ones_B_T = torch.ones_like(batch.input_ids_B_T)
-        logits_B_T_V = agent.model(input_ids=batch.input_ids_B_T, attention_mask=ones_B_T).logits
-        mask_B_T = batch.response_mask_B_T[:, 1:].bool()
-        loss = torch.nn.functional.cross_entropy(
-            logits_B_T_V[:, :-1][mask_B_T], batch.input_ids_B_T[:, 1:][mask_B_T]
-        )
-        for group in optimizer.param_groups:
-            group["lr"] = _lr_at(step, lr)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(agent.model.parameters(), 1.0)
-        optimizer.step()
-        if callback is not None and callback_every and (step + 1) % callback_every == 0:
-            callback(step + 1, agent)
-    return float(loss.detach())
-
-
-def greedy_accuracy(agent: Any, n: int = EVAL_PROBLEMS, *, seed: int = 0) -> float:
-    """Greedy accuracy on ``n`` held-out embedded problems (bare questions, math-verify grading)."""
-
-    items = embedded_task("test", n, seed=seed)
-    prompts = [build_prompt(item.question, instruction=None) for item in items]
-    rollouts = generate(agent, prompts, n=1, temperature=0.0)
-    grades = grade_batch([r.text for r in rollouts], [item.answer for item in items])
-    return sum(g.reward for g in grades) / len(grades)
+    return supervised_steps(
+        agent, solution_pairs(agent, items, instruction=None), steps, lr=lr, batch_size=batch_size,
+        callback=callback, callback_every=callback_every,
+    )  # fmt: skip
 
 
 def _build_into(name: str, preset: TinyPreset, steps: int, out_dir: Path) -> dict[str, Any]:
@@ -261,7 +215,7 @@ def _build_into(name: str, preset: TinyPreset, steps: int, out_dir: Path) -> dic
     torch.manual_seed(preset.seed)
     final_loss = warm_start(agent, steps, lr=preset.lr, batch_size=preset.batch_size, seed=preset.seed)
     agent.model.save_pretrained(out_dir)
-    accuracy = greedy_accuracy(agent)
+    accuracy = greedy_accuracy(agent, EVAL_PROBLEMS)
     card = {
         "preset": name,
         **dataclasses.asdict(preset),
@@ -275,6 +229,7 @@ def _build_into(name: str, preset: TinyPreset, steps: int, out_dir: Path) -> dic
         "eval_problems": EVAL_PROBLEMS,
         "build_seconds": round(time.perf_counter() - start, 1),
         "zoo_version": ZOO_VERSION,
+        "built_on": machine_info(),
     }
     atomic_write_json(out_dir / CARD, card)
     return card
@@ -327,21 +282,83 @@ def build_tiny(
     return target
 
 
+def tiny_source(preset_name: str, *, warm_steps: int | None = None) -> Path:
+    """The model directory ``tiny:<preset>`` loads: the shipped weights, or a cached build of a variant.
+
+    With ``warm_steps`` (or ``$HACPO_TINY_WARM_STEPS``, which the caller passes) different from the preset's,
+    or when the repository ships no weights for it, the preset is built on this machine (`build_tiny`).
+
+    Raises:
+        KeyError: Unknown preset (the message lists them).
+        workbench.agents.shipped.ShippedError: Shipped files that do not match the manifest.
+    """
+    preset = tiny_preset(preset_name)
+    if warm_steps is None or warm_steps == preset.warm_steps:
+        folder = shipped_dir("tiny", preset_name)
+        if folder is not None:
+            return folder
+        logger.warning(
+            "tiny:%s: no shipped weights in this checkout (zoo/tiny/%s); building it here, so its accuracy "
+            "may differ from the card of the repository", preset_name, preset_name,
+        )  # fmt: skip
+    return build_tiny(preset_name, warm_steps=warm_steps)
+
+
+SHIPPED_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+                 "tokenizer_config.json")  # fmt: skip
+"""Files of a tiny build that ship (``card.json`` is written from the card)."""
+
+
+def rebuild_tiny(preset_name: str, *, ship_it: bool = False) -> dict[str, Any]:
+    """Rebuilds a preset on this machine (fresh, into the cache) and compares it with the shipped card.
+
+    Args:
+        preset_name: A key of `TINY_PRESETS`.
+        ship_it: Replace the shipped weights and card with the rebuild (maintainers, after a recipe change).
+
+    Returns:
+        ``agent``, ``shipped_accuracy``, ``rebuilt_accuracy``, ``delta``, ``same_weights`` (bit-identical
+        to the shipped ``model.safetensors``), ``build_seconds`` and ``path`` of the rebuild.
+    """
+    path = build_tiny(preset_name, force=True)
+    card = read_card(path)
+    shipped = shipped_card("tiny", preset_name)
+    shipped_path = shipped_dir("tiny", preset_name)
+    same = None
+    if shipped_path is not None:
+        same = (shipped_path / "model.safetensors").read_bytes() == (path / "model.safetensors").read_bytes()
+    if ship_it:
+        ship(path, "tiny", preset_name, list(SHIPPED_FILES), card)
+    acc = card["initial_greedy_accuracy"]
+    shipped_acc = None if shipped is None else shipped["initial_greedy_accuracy"]
+    return {
+        "agent": f"tiny:{preset_name}",
+        "shipped_accuracy": shipped_acc,
+        "rebuilt_accuracy": acc,
+        "delta": None if shipped_acc is None else round(acc - shipped_acc, 4),
+        "same_weights": same,
+        "build_seconds": card["build_seconds"],
+        "path": str(path),
+    }
+
+
 def read_card(path: Path | str) -> dict[str, Any]:
     """The ``card.json`` of a built tiny agent directory."""
     return json.loads((Path(path) / CARD).read_text())
 
 
 def zoo_table(*, cache_dir: Path | str | None = None, warm_steps: int | None = None) -> list[dict[str, Any]]:
-    """One row per preset: its description and, when built, its card's accuracy and build time.
+    """One row per preset: its description and its card's accuracy and build time (shipped, or built).
 
-    ``warm_steps`` looks up builds made with that override (as `build_tiny` caches them) instead of the
-    presets' own warm-start steps.
+    Without ``warm_steps`` the cards are the shipped ones; with it, those of builds made with that override
+    (as `build_tiny` caches them).
     """
     rows = []
     for name, preset in TINY_PRESETS.items():
-        path = tiny_dir(name, cache_dir=cache_dir, warm_steps=warm_steps)
-        card = read_card(path) if (path / CARD).is_file() else {}
+        card = shipped_card("tiny", name) if warm_steps is None and cache_dir is None else None
+        if card is None:
+            path = tiny_dir(name, cache_dir=cache_dir, warm_steps=warm_steps)
+            card = read_card(path) if (path / CARD).is_file() else {}
         rows.append(
             {
                 "preset": name,
