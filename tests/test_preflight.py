@@ -26,7 +26,8 @@ def no_model_loads(monkeypatch):
         raise AssertionError("pre-flight loaded a model")
 
     monkeypatch.setattr(loading, "build_agent", refuse)
-    monkeypatch.setattr(loading, "build_tiny", refuse)
+    monkeypatch.setattr(loading, "tiny_source", refuse)
+    monkeypatch.setattr(loading, "warm_source", refuse)
     monkeypatch.setattr(zoo, "build_tiny", refuse)
 
 
@@ -61,7 +62,10 @@ def test_the_quickstart_is_clean():
             r"\(AssertionError: max_terms must be >= min_terms\)",
         ),
         (["task.knobs.foo=1"], r"task\.knobs = .* is not allowed for task\.source = 'embedded': \['foo'\]"),
-        (["task.knobs.regime=nope"], r"regime = 'nope' is not allowed: one of \['addsub', 'mixed'\]"),
+        (
+            ["task.knobs.regime=nope"],
+            r"regime = 'nope' is not allowed: one of \['addsub', 'addsub2', 'mixed'\]",
+        ),
         (["task.source=file:missing.jsonl"], r"task\.source = 'file:missing\.jsonl': no task file at"),
         ([f"task.source=file:{DATA / 'bad_json.jsonl'}"], r"bad_json\.jsonl:3: invalid JSON"),
         (

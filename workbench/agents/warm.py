@@ -1,0 +1,268 @@
+"""Warm starts of the embedded real models: a LoRA SFT on worked solutions, stopped mid-curve, shipped.
+
+Out of the box the embedded models score near 0 on the embedded task (SmolLM2-135M-Instruct rambles, the
+Gemma-3-270M base model continues the prompt), so RL has no signal to work with. A warm start teaches each one
+the answer format and part of the skill: a LoRA adapter trained by `workbench.agents.sft.supervised_steps` on
+worked solutions of a named task regime, stopped where greedy accuracy on 1,000 held-out items lies in the
+middle of the curve, like the tiny zoo's warm starts.
+
+``model: warm:<name>`` (`WARM_STARTS`) loads the embedded base model with the shipped adapter
+(``zoo/warm/<name>/adapter_model.safetensors``, `workbench.agents.shipped`) merged into its weights; the
+merged model is cached under ``$HACPO_CACHE/warm/`` on first use. An agent spec then puts its own, fresh LoRA
+adapter on top for RL (so RL starts exactly at the warm start, and the KL reference of a LoRA agent, the model
+with its adapters disabled, is the warm-started model).
+
+A warm start was trained with one prompt format: use the same in the experiment (`WarmStart.agent_fields`
+and `WarmStart.instruction`; the pre-flight check names any difference). ``python -m workbench zoo build
+warm:<name>`` retrains it on this machine and reports how far it lands from the shipped card.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from workbench.agents.embedded import ensure_embedded
+from workbench.agents.hf import build_agent, lora_config
+from workbench.agents.sft import greedy_accuracy, solution_pairs, supervised_steps
+from workbench.agents.shipped import ship, shipped_card, shipped_dir
+from workbench.config.agent_spec import DEFAULT_PROMPT_TEMPLATE, AgentSpec, LoraSpec
+from workbench.core.env import cache_root
+from workbench.core.io import atomic_write_json
+from workbench.core.machine import machine_info
+from workbench.tasks.arithmetic import embedded_task
+
+__all__ = ["WARM_STARTS", "WarmStart", "rebuild_warm", "warm_preset", "warm_source"]
+
+logger = logging.getLogger(__name__)
+
+ADAPTER = "adapter_model.safetensors"
+DONE_MARKER = "warm.json"
+EVAL_PROBLEMS = 1000
+QUICK_PROBLEMS = 100
+"""The card also records greedy accuracy on the first 100 held-out items, which a test re-measures."""
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    """How one warm start is trained (every number fixed, so a build is reproducible on one machine)."""
+
+    base: str
+    """Embedded model it adapts (`workbench.agents.embedded.EMBEDDED_MODELS`)."""
+    knobs: dict[str, Any]
+    """Embedded-task knobs of its training and held-out problems (``regime`` and overrides)."""
+    steps: int
+    """Supervised steps (batch ``batch_size``), chosen to stop mid-curve."""
+    lr: float
+    """AdamW learning rate (after a 20-step linear warm-up, constant)."""
+    system: str | None = None
+    """System turn of its chat template (`AgentSpec.system`)."""
+    chat_template: bool | None = None
+    """`AgentSpec.chat_template`: None = the tokenizer's template when it has one."""
+    prompt_template: str = DEFAULT_PROMPT_TEMPLATE
+    """Plain prompt format when no chat template applies."""
+    instruction: str | None = None
+    """Appended to each question (``task.instruction``); None = the bare question."""
+    lora: LoraSpec = field(default_factory=lambda: LoraSpec(r=16, alpha=32.0, target_modules="all-linear"))
+    """The adapter trained (merged into the base weights at load)."""
+    batch_size: int = 16
+    seed: int = 0
+    """Seed of adapter initialization and of the training problems."""
+    description: str = ""
+
+    def agent_fields(self) -> dict[str, Any]:
+        """The `AgentSpec` fields of the prompt format it was trained with."""
+        return {
+            "system": self.system,
+            "chat_template": self.chat_template,
+            "prompt_template": self.prompt_template,
+        }
+
+
+ARITH2 = {"regime": "addsub2"}
+
+WARM_STARTS: dict[str, WarmStart] = {
+    "smollm2-addsub2": WarmStart(
+        base="smollm2-135m-instruct", knobs=ARITH2, steps=60, lr=2e-4, system="Solve the arithmetic problem.",
+        description="SmolLM2-135M-Instruct, LoRA SFT on two-digit addsub2 worked solutions (ChatML)",
+    ),
+    "gemma3-addsub2": WarmStart(
+        base="gemma3-270m", knobs=ARITH2, steps=60, lr=2e-4,
+        description="Gemma-3-270M base, LoRA SFT on two-digit addsub2 worked solutions (plain Q/A format)",
+    ),
+}  # fmt: skip
+"""Named warm starts (``model: warm:<name>``)."""
+
+
+def warm_preset(name: str) -> WarmStart:
+    """Looks up a warm start; an unknown name raises a `KeyError` listing them."""
+    if name not in WARM_STARTS:
+        raise KeyError(f"unknown warm start {name!r}; warm starts are {sorted(WARM_STARTS)} ('warm:<name>')")
+    return WARM_STARTS[name]
+
+
+def _student(preset: WarmStart, base_dir: Path, lora: LoraSpec | None) -> Any:
+    """The base model as an agent in the warm start's prompt format, fp32 on CPU, with ``lora`` on top."""
+    spec = AgentSpec(
+        model=str(base_dir),
+        lora=lora,
+        device="cpu",
+        dtype="float32",
+        seed=preset.seed,
+        **preset.agent_fields(),
+    )
+    return build_agent(spec, str(base_dir))
+
+
+def _merge_into(preset: WarmStart, adapter: Path, out_dir: Path) -> None:
+    """Writes the base model with ``adapter`` merged into its weights (+ tokenizer) into ``out_dir``."""
+    from peft import get_peft_model, set_peft_model_state_dict
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    base_dir = ensure_embedded(preset.base)
+    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    model = get_peft_model(model, lora_config(preset.lora))
+    result = set_peft_model_state_dict(model, load_file(adapter))
+    if getattr(result, "unexpected_keys", None):
+        raise KeyError(f"warm start adapter {adapter}: unexpected keys {result.unexpected_keys[:5]}")
+    model.merge_and_unload().save_pretrained(out_dir, safe_serialization=True)
+    AutoTokenizer.from_pretrained(base_dir).save_pretrained(out_dir)
+
+
+def _atomic_dir(target: Path, fill: Any) -> Path:
+    """Fills a scratch sibling of ``target`` with ``fill(scratch)``, then moves it into place."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        fill(scratch)
+        if target.exists():
+            shutil.rmtree(target)
+        try:
+            os.replace(scratch, target)
+        except OSError:
+            if not (target / DONE_MARKER).is_file():  # another process finished the same work first
+                raise
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            shutil.rmtree(scratch)
+    return target
+
+
+def warm_source(name: str, *, adapter_dir: Path | None = None) -> Path:
+    """The merged model directory ``warm:<name>`` loads (built from the shipped adapter on first use).
+
+    Args:
+        name: A key of `WARM_STARTS`.
+        adapter_dir: Where the adapter is; None = the shipped one (verified against the manifest).
+
+    Raises:
+        KeyError: Unknown warm start.
+        workbench.agents.shipped.ShippedError: The shipped adapter does not match the manifest.
+        workbench.agents.embedded.EmbeddedModelError: The base model's package is missing.
+    """
+    preset = warm_preset(name)
+    folder = adapter_dir or shipped_dir("warm", name)
+    if folder is None:
+        raise FileNotFoundError(
+            f"warm:{name} is not shipped in this checkout (zoo/warm/{name}); build it with "
+            f"`python -m workbench zoo build warm:{name} --ship`"
+        )
+    adapter = folder / ADAPTER
+    digest = _short_digest(adapter)
+    target = cache_root() / "warm" / f"{name}-{digest}"
+    if (target / DONE_MARKER).is_file():
+        return target
+
+    def fill(scratch: Path) -> None:
+        start = time.perf_counter()
+        _merge_into(preset, adapter, scratch)
+        info = {"warm_start": name, "adapter_sha256_prefix": digest, "seconds": time.perf_counter() - start}
+        atomic_write_json(scratch / DONE_MARKER, info)
+
+    logger.info("merging warm start %s into %s (first use only)", name, preset.base)
+    return _atomic_dir(target, fill)
+
+
+def _short_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+
+
+def _train_into(name: str, preset: WarmStart, out_dir: Path) -> dict[str, Any]:
+    """Trains the adapter into ``out_dir`` and measures the merged model; returns the card."""
+    start = time.perf_counter()
+    base_dir = ensure_embedded(preset.base)
+    torch.manual_seed(preset.seed)
+    student = _student(preset, base_dir, preset.lora)
+    items = embedded_task("train", preset.steps * preset.batch_size, seed=preset.seed, **preset.knobs)
+    final_loss = supervised_steps(
+        student, solution_pairs(student, items, preset.instruction), preset.steps, lr=preset.lr,
+        batch_size=preset.batch_size, weight_decay=0.0,
+    )  # fmt: skip
+    student.model.save_pretrained(out_dir, safe_serialization=True)
+    train_seconds = time.perf_counter() - start
+    merged = warm_source(name, adapter_dir=out_dir)
+    agent = _student(preset, merged, None)
+    accuracy = greedy_accuracy(agent, EVAL_PROBLEMS, instruction=preset.instruction, knobs=preset.knobs)
+    quick = greedy_accuracy(agent, QUICK_PROBLEMS, instruction=preset.instruction, knobs=preset.knobs)
+    return {
+        "warm_start": name,
+        **{k: v for k, v in dataclasses.asdict(preset).items() if k != "lora"},
+        "lora": dataclasses.asdict(preset.lora),
+        "trainable_parameters": sum(p.numel() for p in student.trainable_parameters()),
+        "final_sft_loss": round(final_loss, 4),
+        "initial_greedy_accuracy": accuracy,
+        "eval_problems": EVAL_PROBLEMS,
+        f"greedy_accuracy_first_{QUICK_PROBLEMS}": quick,
+        "train_seconds": round(train_seconds, 1),
+        "build_seconds": round(time.perf_counter() - start, 1),
+        "built_on": machine_info(),
+    }
+
+
+def rebuild_warm(name: str, *, ship_it: bool = False) -> dict[str, Any]:
+    """Trains a warm start on this machine and compares it with the shipped card (`rebuild_tiny`'s twin).
+
+    Returns:
+        ``agent``, ``shipped_accuracy``, ``rebuilt_accuracy``, ``delta``, ``same_weights`` (bit-identical to
+        the shipped adapter), ``build_seconds`` and ``path`` of the rebuild.
+    """
+    preset = warm_preset(name)
+    out = cache_root() / "warm-builds" / name
+    card: dict[str, Any] = {}
+
+    def fill(scratch: Path) -> None:
+        card.update(_train_into(name, preset, scratch))
+        atomic_write_json(scratch / DONE_MARKER, card)
+
+    _atomic_dir(out, fill)
+    shipped, shipped_path = shipped_card("warm", name), shipped_dir("warm", name)
+    same = (
+        None
+        if shipped_path is None
+        else (shipped_path / ADAPTER).read_bytes() == (out / ADAPTER).read_bytes()
+    )
+    if ship_it:
+        ship(out, "warm", name, [ADAPTER], card)
+    shipped_acc = None if shipped is None else shipped["initial_greedy_accuracy"]
+    acc = card["initial_greedy_accuracy"]
+    return {
+        "agent": f"warm:{name}",
+        "shipped_accuracy": shipped_acc,
+        "rebuilt_accuracy": acc,
+        "delta": None if shipped_acc is None else round(acc - shipped_acc, 4),
+        "same_weights": same,
+        "build_seconds": card["build_seconds"],
+        "path": str(out),
+    }
