@@ -1,4 +1,4 @@
-"""Shipped agents (zoo/): the manifest matches the files, loading uses them, and they reproduce their cards."""
+"""Shipped agents (zoo/): the manifest matches the files, loading uses them, they reproduce their cards."""
 
 from __future__ import annotations
 
