@@ -9,8 +9,8 @@ sides, dropout off on both sides. Each side runs in its own process (its own pea
 
 Prints medians per round: step time (and the CPU seconds of the process, all threads: a check on a loaded
 machine), generation tokens/s, update ms per sequence (round time minus
-generation/scoring, per trained sequence), peak RSS, and the workbench/TRL ratios (goal of issue 11: step <=
-0.5x TRL's), then what still differs between the two.
+generation/scoring, per trained sequence), peak RSS, and the workbench/TRL ratios (the goal: a step <= 0.5x
+TRL's), then what still differs between the two.
 
 TRL runs in the bench-only venv made by ``make bench-peers`` (``.venv-bench/``); without it this prints how to
 make it and exits 0.

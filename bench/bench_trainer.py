@@ -14,8 +14,9 @@ phases as the trainer reports them (``time/*`` of `workbench.train.trainer.Train
 - cpu: the CPU seconds the process used in the step, all threads (a check when the machine is loaded);
 
 the generated tokens per second, the peak RSS of the process, and the ratios HACPO/GSPO and HACPO/GSPO×2
-against the goals of issue 11. The SmolLM2 config pairs SmolLM2-135M (LoRA) with Gemma-3-270M when its
-optional package is installed, else with the tiny BPE Llama (as the test suite does): say which in a report.
+against the step-time goals in ``GOALS``. The SmolLM2 config pairs SmolLM2-135M (LoRA) with Gemma-3-270M
+when its optional package is installed, else with the tiny BPE Llama (as the test suite does): say which in
+a report.
 
     .venv/bin/python bench/bench_trainer.py [--steps 3] [--reps 2] [--only quickstart|smollm2]
 """
@@ -38,7 +39,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 ALGORITHMS = ("hacpo", "gspo", "gspo_x2")
 PHASES = ("step", "generate", "score", "update", "other", "cpu")
-GOALS = {  # issue 11: (config, numerator, denominator) -> the ratio of step times to stay under
+GOALS = {  # (config, numerator, denominator) -> the ratio of step times to stay under
     ("quickstart", "hacpo", "gspo_x2"): 0.75,
     ("quickstart", "hacpo", "gspo"): 1.4,
     ("smollm2", "hacpo", "gspo_x2"): 0.6,

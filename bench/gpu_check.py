@@ -58,7 +58,7 @@ def preflight() -> tuple[dict, list[str]]:
         problems.insert(
             0,
             f"torch {torch.__version__} sees no CUDA device (torch.version.cuda = {torch.version.cuda}); "
-            "install a CUDA build of torch (README, 'Use a GPU') and run on a GPU machine",
+            "install a CUDA build of torch (docs/gpu.md) and run on a GPU machine",
         )
         return info, problems
     props = torch.cuda.get_device_properties(0)

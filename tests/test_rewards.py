@@ -282,7 +282,7 @@ from workbench.tasks.rewards import Grade, as_number, extract_answer
 
 
 def within_one(completion, answer):
-    """1 when the final answer is within 1 of the gold number (the README's example)."""
+    """1 when the final answer is within 1 of the gold number (the example of docs/tasks.md)."""
     got = extract_answer(completion)
     value = as_number(got) if got else None
     return float(value is not None and abs(value - as_number(answer)) <= 1)

@@ -7,7 +7,7 @@
 - ``reproduce [--smoke] [--only NAME ...] [--seeds ...]``: re-execute every benchmark/ablation notebook.
 - ``eval TARGET``: a run's trained agents (or a model) on benchmarks and task sources: avg@k, pass@k, best@k.
 - ``export RUN_DIR [--merged]``: each trained agent written with ``save_pretrained``.
-- ``summarize [RESULTS_ROOT]``: the results summary (tables with seeds) and, optionally, the README section.
+- ``summarize [RESULTS_ROOT]``: the results summary (tables with seeds) and, optionally, ``docs/results.md``.
 - ``zoo list`` / ``zoo build [NAME ...] [--ship]``: the agents shipped in ``zoo/`` and their cards; rebuild
   one on this machine and see how far it lands from the shipped card.
 
@@ -277,11 +277,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     ex.set_defaults(func=_cmd_export)
     summ = sub.add_parser(
-        "summarize", help="tables of every run (mean ± std over seeds) and the README section"
+        "summarize", help="tables of every run (mean ± std over seeds) and the generated results section"
     )
     summ.add_argument("results_root", nargs="?", default="results", help="where the run directories are")
     summ.add_argument("--out", help="summary folder (default results/summary)")
-    summ.add_argument("--readme", help="also rewrite this README's results section (e.g. README.md)")
+    summ.add_argument("--readme", help="also rewrite the results section of this file (e.g. docs/results.md)")
     summ.set_defaults(func=_cmd_summarize)
     zoo = sub.add_parser("zoo", help="the shipped agents (zoo/): list them, or rebuild one on this machine")
     zoo.add_argument("action", choices=["list", "build"])

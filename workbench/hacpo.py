@@ -2,7 +2,7 @@
 
 ``import workbench.hacpo`` imports torch only (no transformers, peft, bitsandbytes, altair, ipywidgets or
 papermill); ``tests/test_import_boundaries.py`` checks it. Every name below is documented with its equation
-number of ``../shared/spec/hacpo.md``.
+number in the paper (arXiv 2603.02604); ``docs/hacpo.md`` states the method in full.
 """
 
 from workbench.core.advantages import capability_aware_advantages, group_advantages

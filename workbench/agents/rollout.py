@@ -7,7 +7,9 @@
   one uniform per row and step (same seed, same samples). The prefill, the token draw and the sliced LM head
   live in `workbench.agents.sampling`; the decode loop is here.
 - `score_rollouts`: the author's old-policy log-likelihood of each response in its own tokenization, at the
-  sampling temperature, under no_grad, before any update of the step (spec §3(c), §4 step 3).
+  sampling temperature, under no_grad, before any update of the step (Eq. 11; ``docs/hacpo.md``, "One step",
+  step 3). A training run gets the same values from `workbench.train.update.score_self`, in the update's
+  micro-batches.
 - `token_logprobs` / `sequence_logprobs`: the learner's log-probs with gradient on a `TokenBatch`
   (`workbench.agents.sharing`); the trainer micro-batches with ``TokenBatch.select``.
 - `reference_token_logprobs`: the KL reference (LoRA: adapters disabled; full fine-tuning: initial weights).

@@ -1,4 +1,4 @@
-"""Training views of shared rollouts: self samples keep their ids, cross samples are re-encoded (spec §3(c)).
+"""Training views of shared rollouts: self samples keep their ids, cross samples are re-encoded (Sec. 3.3).
 
 A learner trains on every agent's rollouts. Its own (``author == learner_index``) keep ``prompt_ids +
 response_ids`` exactly as sampled, so an on-policy self sample has ratio 1. Another agent's response is

@@ -12,7 +12,7 @@ model from a transformers config → a short supervised warm start on worked sol
 written with the build time and the machine into ``card.json`` next to the weights (`read_card`,
 `zoo_table`).
 
-Presets cover the paper's three kinds of heterogeneity (spec §1), see `ZOO_PAIRS`:
+Presets cover the paper's three kinds of heterogeneity (Defs. 2.1-2.3), see `ZOO_PAIRS`:
 
 | pair | agents | what differs |
 |---|---|---|
@@ -110,7 +110,7 @@ ZOO_PAIRS: dict[str, tuple[str, str]] = {
     "size": ("llama-bpe", "llama-bpe-large"),
     "model": ("gpt2-char", "llama-bpe"),
 }
-"""The paper's three kinds of heterogeneity (spec §1), as preset pairs."""
+"""The paper's three kinds of heterogeneity (Defs. 2.1-2.3), as preset pairs."""
 
 
 def tiny_preset(name: str) -> TinyPreset:

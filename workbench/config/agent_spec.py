@@ -110,11 +110,14 @@ class AgentSpec:
     prompt_template: str = DEFAULT_PROMPT_TEMPLATE
     """Plain prompt format (must contain ``{content}``), used when no chat template applies."""
     temperature: float = 1.0
-    """Sampling temperature; 0 = greedy. Old log-probs are scored at this temperature."""
+    """Sampling temperature when the agent generates on its own (0 = greedy); training runs use
+    ``train.temperature`` and ``train.eval_temperature``."""
     top_p: float = 1.0
-    """Nucleus sampling threshold in (0, 1]."""
+    """Nucleus sampling threshold in (0, 1]; training rollouts use ``train.top_p``, the sampled held-out
+    evaluation this value."""
     max_new_tokens: int | None = None
-    """Response cap; None = the model's generation config (tiny presets: 48), else 512."""
+    """Response cap; None = the model's generation config (tiny presets: 48), else 512. Training rollouts use
+    ``train.max_new_tokens``; a shared response this agent re-encodes is cut at twice this cap."""
     seed: int = 0
     """Seed of LoRA initialization (a tiny preset's build uses the preset's own seed)."""
     trust_remote_code: bool = False

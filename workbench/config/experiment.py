@@ -1,7 +1,7 @@
 """Experiment configuration: frozen dataclasses with defaults, validated whenever one is made.
 
 An experiment YAML in ``experiments/`` holds only what differs from the defaults below and in the sections
-(``task``, ``train``, ``hacpo``, ``output``: `workbench.config.sections`, re-exported here; spec §6, §9).
+(``task``, ``train``, ``hacpo``, ``output``: `workbench.config.sections`, re-exported here).
 Every dataclass validates in ``__post_init__`` (so ``from_dict``, the constructor and ``dataclasses.replace``
 all check), before any model loads, and every message names the key, the value and what is allowed. Lossless
 coercions happen there too: int → float, ``"1e-4"`` → 1e-4, task knobs → a read-only `FrozenMap`. The

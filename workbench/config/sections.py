@@ -85,7 +85,7 @@ class TaskConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """The training loop (spec §6; CPU-sized defaults)."""
+    """The training loop, with CPU-sized defaults (the paper's settings: ``docs/hacpo.md``)."""
 
     steps: int = 40
     """Training steps (each: every agent rolls out, every learner updates)."""
@@ -110,8 +110,9 @@ class TrainConfig:
     kl_coef: float = 0.001
     """low_var_kl coefficient on self samples (authors' code: 0.001); 0 disables."""
     skip_uniform_groups: bool = False
-    """Leave out of the update the samples of every prompt whose rewards in the learner's group are all equal
-    (their advantage is 0: only the mini-batch composition and normalisation change)."""
+    """Leave out of the update every prompt whose advantages are all 0 in the learner's batch (sharing: all
+    agents' rewards to it are equal; else the agent's own G are); the kept samples are spread over as many
+    mini-batches as the full batch has, so the number of updates stays the same."""
     temperature: float = 1.0
     """Rollout sampling temperature (verl default 1.0)."""
     top_p: float = 1.0
@@ -169,7 +170,7 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class HacpoConfig:
-    """HACPO hyperparameters and switches (spec §3, §9; defaults from the paper and the authors' code)."""
+    """HACPO hyperparameters and switches (the paper's Section 3 and Table 5, and the authors' code)."""
 
     alpha: float = 1.0
     """α of the exponential importance sampling (Eq. 12); 0 = plain ratio."""

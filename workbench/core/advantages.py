@@ -1,6 +1,7 @@
 """Group advantages: GRPO/GSPO's single-agent form (Eq. 5) and HACPO's capability-aware form (Eqs. 6-7).
 
-Pure torch; no model, tokenizer, config or I/O. See ``../shared/spec/hacpo.md`` §2 and §3(a).
+Pure torch; no model, tokenizer, config or I/O. See ``docs/hacpo.md``, "Capability-aware advantage" and
+"Guards".
 """
 
 from __future__ import annotations
@@ -51,15 +52,15 @@ def capability_aware_advantages(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Capability-aware advantages of every response in each prompt's joint group, for every learner.
 
-    For learner L and a response of agent a to prompt p (Eqs. 6-7, spec §3(a)):
+    For learner L and a response of agent a to prompt p (Eqs. 6-7):
 
         μ̂_L,p = (1/(A·G)) Σ_a Σ_g ω[L, a] · R[p, a, g]           (Eq. 7, ω[L, L] = 1)
         Adv[L, p, a, g] = (R[p, a, g] − μ̂_L,p) / (σ_p + eps)       (Eq. 6)
 
     where σ_p is the unweighted Bessel std of all A·G rewards of prompt p. Every sample in learner L's
-    batch, self or cross, uses L's baseline (spec §3(a) "Which baseline is used for cross samples").
+    batch, self or cross, uses L's baseline (App. E and the authors' code; Eq. 10 writes A^(j)).
 
-    Guards (the authors' code, spec §3(a)):
+    Guards (the authors' code, not in the paper):
       1. ``uniform_group_guard``: a prompt whose A·G rewards are all equal uses the plain mean, so every
          advantage is 0 (capability weights must not create a signal).
       2. ``max_reward``: a weighted baseline above the maximum reward (every advantage negative) falls back

@@ -1,6 +1,6 @@
 """Agent capability: the windowed accuracy P̂ (Eq. 9) and the capability ratios ω (Eq. 8).
 
-Pure torch; no model, tokenizer, config or I/O. See ``../shared/spec/hacpo.md`` §3(a)-(b).
+Pure torch; no model, tokenizer, config or I/O. See ``docs/hacpo.md`` ("Capability").
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ class CapabilityTracker:
     """Moving-average capability of every agent over the last ``window`` steps (Eq. 9).
 
     ``P̂^(k)_t = (1/K) Σ_{τ=t−K+1..t} P^(k)_τ`` where ``P^(k)_τ`` is agent k's batch accuracy at step τ.
-    The current step is appended *before* advantages are computed (spec §3(a), Assumption D.1), so
+    The current step is appended *before* advantages are computed (Assumption D.1, as the authors' code), so
     ``p_hat()`` includes the newest update. Before any update every capability is 1.0 (so ω = 1), and
     every value is floored at ``floor`` so an agent with accuracy 0 still gives finite ratios.
 
@@ -88,7 +88,7 @@ class CapabilityTracker:
 def capability_ratios(p_hat_A: torch.Tensor, min_ratio: float = 0.1, max_ratio: float = 10.0) -> torch.Tensor:
     """Capability ratios ``omega_A_A[k, j] = clamp(P̂_k / P̂_j, min_ratio, max_ratio)`` (Eq. 8).
 
-    Two roles (Remark 3.1, spec §9.3):
+    Two roles (Remark 3.1):
     - the baseline of learner k weights source j's rewards by ``omega[k, j]`` (learner / source, Eq. 7);
     - a cross sample from source j in learner k's loss is scaled by ``omega[j, k]``
       (source / learner, Eq. 10).

@@ -5,7 +5,7 @@ Pure torch; no model, tokenizer, config or I/O. Every registered loss has one si
 averaged over the sequences passed (the authors' "seq-mean-token-mean"), so a caller that micro-batches a
 mini-batch scales each micro-batch's loss by its share of the mini-batch; `SampleStats` holds each sample's
 ratio, clip bounds and whether clipping took its gradient away.
-See ``../shared/spec/hacpo.md`` §2, §3(c)-(d), §4, §9.
+See ``docs/hacpo.md``.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def sequence_ratio(
 ) -> torch.Tensor:
     """Length-normalized sequence importance ratio ``s = exp(mean log π_new − mean log π_old)`` (Eqs. 11, 25).
 
-    For a cross sample each mean is over its own tokenization (learner tokens vs source tokens, spec §3(c)).
+    For a cross sample each mean is over its own tokenization (learner tokens vs source tokens, Sec. 3.3).
     The log-ratio is clamped to ±``max_abs_log_ratio`` for numerical safety (verl-v1's ``max_abs_log_ratio``).
     """
     log_ratio_B = (new_logp_mean_B - old_logp_mean_B).clamp(-max_abs_log_ratio, max_abs_log_ratio)
@@ -91,7 +91,7 @@ def cross_sample_weight(
     """The weight HACPO puts on a cross sample's advantage: ``clip(s)·sg[clip(s)]^α·ω`` (Eqs. 12-14, 50).
 
     ``clip(s) = clamp(s, lb_m, 1.0)`` with the stepwise bound ``lb_m`` (no pessimistic min: outside
-    [lb_m, 1] the sample is constant and its gradient exactly 0, spec §3(d)). The α power applies to the
+    [lb_m, 1] the sample is constant and its gradient exactly 0, Sec. 3.4). The α power applies to the
     detached clipped ratio (Eq. 12 as the code does it); since the weight is ≤ 1 before ω, a cross sample
     is never up-weighted by its ratio. With ``clip_cross=False`` (the "no Clip" ablation) it is
     ``s·sg[s]^α`` unclipped. The gradient w.r.t. the learner is ``ω·s^{α+1}·∇log s`` inside the bounds
@@ -248,7 +248,7 @@ def gspo_policy_loss(batch: PolicyBatch, params: LossParams) -> tuple[torch.Tens
 
 
 def hacpo_policy_loss(batch: PolicyBatch, params: LossParams) -> tuple[torch.Tensor, SampleStats]:
-    """HACPO loss for one learner's mini-batch of self and cross samples (Eqs. 47-53, spec §4).
+    """HACPO loss for one learner's mini-batch of self and cross samples (Eqs. 47-53, App. E).
 
         self:  min(s·A, clip(s, 1−ε_l, 1+ε_h)·A)                      (GSPO, Eq. 47 with the typo fixed)
         cross: clip(s, lb_m, 1)·sg[clip(s, lb_m, 1)]^α·ω^(j,k)·A      (Eqs. 10, 12, 14, 50)
@@ -299,7 +299,7 @@ def hacpo_policy_loss(batch: PolicyBatch, params: LossParams) -> tuple[torch.Ten
 
 
 def grpo_policy_loss(batch: PolicyBatch, params: LossParams) -> tuple[torch.Tensor, SampleStats]:
-    """GRPO loss with token-level ratios and DAPO clip-higher (the paper's GRPO baseline, spec §2).
+    """GRPO loss with token-level ratios and DAPO clip-higher (the paper's GRPO baseline, Sec. 5).
 
     Per token ``min(r_t·A, clip(r_t, 1−ε_l, 1+ε_h)·A)``, averaged over each sequence's tokens, then over
     sequences (seq-mean-token-mean). Needs the learner's old token log-probs (``batch.old_logp_B_T``), so
@@ -332,7 +332,7 @@ def low_var_kl(
     """Per-sequence mean of the k3 ("low_var_kl") estimator of KL(π‖π_ref), as verl computes it.
 
     ``kl_t = exp(ref − logp) − (ref − logp) − 1``, clamped to [−clamp, clamp], then averaged over each
-    sequence's unmasked tokens. The authors' code adds 0.001·KL on self samples only (spec §6, §9.9).
+    sequence's unmasked tokens. The authors' code adds 0.001·KL on self samples only (the paper has none).
 
     Returns:
         ``kl_B`` (with gradient through ``logp_B_T``).

@@ -70,7 +70,7 @@ class Rollout:
 
     The text is the tokenizer-neutral record; token ids are the author's own. The old-policy
     log-likelihood is the author's, in its own tokenization, at the sampling temperature, computed
-    before any update of the step (spec §3(c), §4 step 3).
+    before any update of the step (Eq. 11).
 
     Attributes:
         prompt_index: Index of the prompt in the step's batch (``p`` in ``rewards_P_A_G``).

@@ -48,7 +48,7 @@ __all__ = ["PAPER_BENCHMARKS", "EvalReport", "evaluate_target", "table1"]
 log = logging.getLogger(__name__)
 
 PAPER_BENCHMARKS = ("math500", "math", "gsm8k", "aime2025", "amc23", "minerva", "olympiadbench")
-"""The paper's Table-1 columns, in order (spec §6); ``--source paper`` expands to them."""
+"""The paper's Table-1 columns, in order; ``--source paper`` expands to them."""
 
 
 @dataclass

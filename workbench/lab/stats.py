@@ -6,7 +6,7 @@ and `workbench.lab.compare` build them, `workbench.lab.latex` prints them as ``0
 caption or a column, and :func:`flat` spreads them into CSV columns ``<column>_mean``, ``_std``, ``_n``,
 ``_se``.
 
-How the numbers are made (the README's Results section says the same):
+How the numbers are made (``docs/results.md`` says the same):
 
 - ``mean`` and ``std``: over runs that differ only in ``seed`` (one value per run, e.g. its final held-out
   accuracy); ``std`` is the sample standard deviation (ddof = 1), NaN for one run (printed "—": one seed is a

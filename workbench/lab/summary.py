@@ -1,4 +1,4 @@
-"""The committed summary of a comparison: small CSV + Markdown files, and README's Results section from them.
+"""The committed summary of a comparison: small CSV + Markdown files, and the Results section made of them.
 
 `write_summary` reads finished run directories (never trains), keeps the runs that may be averaged
 (``workbench.lab.frames.select_runs``) and writes under ``out_dir`` (e.g. ``results/summary/``):
@@ -16,7 +16,7 @@
 Means and stds are over seeds; standard errors as in ``workbench.lab.stats``. A claim "holds" on the means;
 it is called *resolved* only when |Δ| > 2 SE of Δ, otherwise *within noise*: no significance is claimed that
 the seeds do not show. `update_readme` puts :func:`render_results_section` between ``<!-- results:start -->``
-and ``<!-- results:end -->``.
+and ``<!-- results:end -->`` of a Markdown file (``make pairs``: ``docs/results.md``).
 """
 
 from __future__ import annotations
@@ -277,7 +277,7 @@ def _verdict_line(v: pd.Series) -> str:
 
 def render_results_section(summary_dir: str | Path) -> str:
     """Markdown of the files :func:`write_summary` wrote: per pair a table, the verdicts, tokens vs bytes,
-    the excluded runs, and how the numbers are made (for README's Results section)."""
+    the excluded runs, and how the numbers are made (the generated section of ``docs/results.md``)."""
     summary_dir = Path(summary_dir)
     shown = _shown(summary_dir)
     table = pd.read_csv(summary_dir / "comparison.csv", keep_default_na=False, na_values=[""])
@@ -333,7 +333,7 @@ def render_results_section(summary_dir: str | Path) -> str:
 
 
 def _shown(summary_dir: Path) -> str:
-    """``summary_dir`` as a link from README: relative to the project root when inside it."""
+    """``summary_dir`` as a link: relative to the project root when inside it."""
     try:
         return summary_dir.resolve().relative_to(PROJECT_ROOT).as_posix()
     except ValueError:

@@ -77,7 +77,7 @@ REGIMES: dict[str, ArithmeticRegime] = {
     "mixed": ArithmeticRegime(
         "+-*", 1, 9, (1, 3), True,
         description="+, - and * with precedence, operands 1..9, 1-3 operations, negatives allowed "
-        "(answers -720..6561)",
+        "(answers -720..6561): harder, with a far wider answer range",
     ),
 }  # fmt: skip
 """Named regimes of the embedded task (``task.knobs: {regime: addsub}``)."""

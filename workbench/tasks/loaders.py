@@ -81,7 +81,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "minerva": Benchmark("math-ai/minervamath"),
     "olympiadbench": Benchmark("math-ai/olympiadbench"),
 }
-"""The paper's training set and seven benchmarks (spec §6). Hub ids are the commonly used copies."""
+"""The paper's training set and seven benchmarks (Sec. 5, App. A). Hub ids are the commonly used copies."""
 
 
 def _plain(value: Any) -> Any:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 
 PAPER_INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
-"""The instruction appended to every question in the paper (spec §6)."""
+"""The instruction appended to every question in the paper (App. A)."""
 
 
 TEST_FRACTION_PERCENT = 20

@@ -8,7 +8,7 @@ runs in worker processes (`workbench.tasks.verifier`) that are killed when they 
 | method | what it compares |
 |---|---|
 | ``"math_verify"`` | extracted answer vs gold: fast path, then math-verify (symbolic, numeric, sets...) |
-| ``"boxed_exact"`` | last ``\\boxed{}`` vs gold after MATH-style normalization (authors' grader, §6) |
+| ``"boxed_exact"`` | last ``\\boxed{}`` vs gold after MATH-style normalization (authors' grader, App. A) |
 | ``"numeric"`` | extracted answer vs gold as exact numbers, no math-verify |
 
 Reasons: ``"correct"``, ``"wrong"``, ``"no_answer"`` (nothing extracted), ``"timeout"`` (verification ran

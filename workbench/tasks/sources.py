@@ -9,7 +9,7 @@ optional ``solution``, ``source``), obtained through `load_tasks`:
 | ``"gym:<generator>"`` | a reasoning-gym generator: ``gym:gsm_symbolic``, ``gym:basic_arithmetic``, ... |
 | ``"file:<path>"`` | a local JSONL / JSON / parquet file, layout auto-detected (`workbench.tasks.loaders`), |
 | | split into disjoint train / test parts by a stable hash of each question (`split_file_items`) |
-| ``"math"``, ``"math500"``, ``"gsm8k"``, ``"aime2025"``, | the paper's training set and benchmarks (§6): |
+| ``"math"``, ``"math500"``, ``"gsm8k"``, ``"aime2025"``, | the paper's training set and benchmarks: |
 | ``"amc23"``, ``"minerva"``, ``"olympiadbench"`` | a local file, or ``datasets`` + a reachable hub |
 
 Prompts are the question followed by the paper's instruction (`build_prompt`); applying a chat template is

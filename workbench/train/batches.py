@@ -1,6 +1,6 @@
 """A learner's training batch: its own rollouts first, then each other agent's, indexed by rollout identity.
 
-`build_learner_batch` gathers, for learner k, every rollout it trains on (spec §9.8: self samples first, then
+`build_learner_batch` gathers, for learner k, every rollout it trains on (self samples first, then
 each source in agent order, so the mini-batch index m of Eq. 14 is deterministic), looks up each sample's
 advantage by its `RolloutId` in the learner's ``advantages_P_A_G``, and attaches the HACPO cross
 coefficient ω^(source, k) (Eq. 10). Token views come from `workbench.agents.sharing.build_training_batch`

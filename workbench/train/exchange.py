@@ -1,6 +1,6 @@
 """What crosses the boundary between the driver (Algorithm 1) and an agent's worker: text and scalars.
 
-The paper's exchange is tokenizer-neutral (spec §1, §3(c)): agents share response *text*, rewards and the
+The paper's exchange is tokenizer-neutral (Sec. 2, Sec. 3.3): agents share response *text*, rewards and the
 source's old sequence log-likelihood. A worker keeps its own rollouts' token ids (its learner trains on them
 exactly as sampled); the driver and the other learners see a `SharedRollout`, which has no token ids. The same
 records are used in-process and across Ray actors, so the in-process path exercises the same discipline.

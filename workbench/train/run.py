@@ -4,7 +4,7 @@ A run directory is reused only for the same experiment and an identical resolved
 one is returned as it is, an unfinished one resumes from its latest intact checkpoint, with every log rolled
 back to that step so nothing is written twice.
 
-What a run survives (the README's "Failures and resume"):
+What a run survives (``docs/failures.md``):
 
 - **one writer per run**: `train` holds the run's lock (``.run.lock``, `workbench.core.lock`) from the moment
   it picks the directory to the end; a second `train` of the same run (a notebook and a terminal,

@@ -1,7 +1,7 @@
 """Run directories: creating them, writing into them, and loading any set of them into pandas.
 
 A run directory is ``results/<experiment>/<run-id>/`` and holds (the contract shared with the trainer,
-plots, tables and notebooks; metric keys are documented in the README):
+plots, tables and notebooks; metric keys are documented in ``docs/metrics.md``):
 
 | file | written by | content |
 |---|---|---|

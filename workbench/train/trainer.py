@@ -1,4 +1,4 @@
-"""The collaborative trainer: one step reads like the paper's Algorithm 1 (spec §4, operational procedure).
+"""The collaborative trainer: one step reads like the paper's Algorithm 1 (``docs/hacpo.md``, "One step").
 
     every agent rolls out and scores its own samples once (old log-probs) → verify → update capability →
     advantages → per learner: build its batch (own samples first, shared samples re-encoded from text) →
@@ -187,7 +187,7 @@ class Trainer:
         return [self.train_items[self._epoch_order(pos // n)[pos % n]] for pos in range(start, start + size)]
 
     def train_step(self) -> dict[str, float]:
-        """One HACPO step (Algorithm 1, spec §4); returns its flat metrics."""
+        """One HACPO step (Algorithm 1); returns its flat metrics."""
         cfg, t, h, algo = self.cfg, self.cfg.train, self.cfg.hacpo, self.algo
         step = self.step + 1
         A, P, G = len(self.names), t.prompts_per_step, t.group_size * algo.group_multiplier
@@ -235,7 +235,7 @@ class Trainer:
         # 4. Advantages: capability-aware over the joint group when sharing, per agent group otherwise.
         advantages_L_P_A_G = self._advantages(rewards_P_A_G, omega_A_A, metrics)
 
-        # 5. Learners update from the same pre-update rollouts (spec §4 step 6): one after another in-process,
+        # 5. Learners update from the same pre-update rollouts (authors' code): one after another in-process,
         #    in parallel under Ray. Each gets the others' samples as text (re-encoded by its own tokenizer).
         t1 = time.perf_counter()
         # HACPO: a cross sample's loss is scaled by ω^(source, learner) (Eq. 10); the −ω ablation keeps 1.

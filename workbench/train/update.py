@@ -85,7 +85,7 @@ class SelfScores:
     """The learner's one no-grad pass over its own rollouts, made before any update of the step.
 
     It serves twice: its per-row sums are the old log-likelihoods the author shares with the other learners
-    (spec §3(c)), and its token log-probs are the learner's own old policy in the update, computed in the
+    (Eq. 11), and its token log-probs are the learner's own old policy in the update, computed in the
     update's exact micro-batches, so an on-policy self sample has s = 1 exactly in the first mini-batch.
 
     Attributes:
@@ -331,7 +331,7 @@ def update_learner(
             loss, stats = loss_fn(policy_batch, params)
             total = loss
             if cached is not None and cached.ref_logp_B_T is not None:
-                # KL to the reference on self samples only (the authors' code, spec §9.9).
+                # KL to the reference on self samples only (the authors' code; the paper has none).
                 kl_B = low_var_kl(logp_B_T, cached.ref_logp_B_T, mask_B_T)
                 kl = (kl_B * policy_batch.is_self_B).sum() / len(rows)
                 total = total + settings.kl_coef * kl
