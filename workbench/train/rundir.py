@@ -37,9 +37,8 @@ import yaml
 
 from workbench.core import io as wio
 from workbench.core.io import to_float, to_jsonable, to_plain
-from workbench.train import evalcsv
 from workbench.train.environment import collect_environment
-from workbench.train.evalcsv import EVAL_COLUMNS, ITEM_COLUMNS
+from workbench.train.evalcsv import EVAL_COLUMNS, ITEM_COLUMNS, append_rows, eval_row, item_row, truncate
 
 __all__ = [
     "EVAL_COLUMNS",
@@ -313,7 +312,7 @@ class RunWriter:
         """
         self._require_config("append_evals")
         _step_of(step)
-        evalcsv.append_rows(self.evals_path, EVAL_COLUMNS, step, rows, evalcsv.eval_row)
+        append_rows(self.evals_path, EVAL_COLUMNS, step, rows, eval_row)
 
     def append_eval_items(self, step: int, rows: list[dict[str, Any]]) -> None:
         """Append per-item rows ``{agent, benchmark, item, greedy, sampled, k}`` at ``step`` to
@@ -324,7 +323,7 @@ class RunWriter:
         """
         self._require_config("append_eval_items")
         _step_of(step)
-        evalcsv.append_rows(self.items_path, ITEM_COLUMNS, step, rows, evalcsv.item_row)
+        append_rows(self.items_path, ITEM_COLUMNS, step, rows, item_row)
 
     def mark_done(self, summary: dict[str, Any]) -> None:
         """Write the ``DONE`` marker: the summary as JSON plus the finish time."""
@@ -350,8 +349,8 @@ class RunWriter:
         _step_of(step, lowest=-1)
         dropped = {
             "metrics": wio.truncate_jsonl(self.metrics_path, lambda r: int(r.get("step", 0)) <= step),
-            "evals": evalcsv.truncate(self.evals_path, step),
-            "eval_items": evalcsv.truncate(self.items_path, step),
+            "evals": truncate(self.evals_path, step),
+            "eval_items": truncate(self.items_path, step),
             "samples": 0,
         }
         if self.samples_dir.is_dir():
