@@ -20,6 +20,12 @@ How the numbers are made (the README's Results section says the same):
   they are evaluated on the same items (``task.eval_seed`` fixed, the default), so it does not shrink with
   more seeds. Conservative when the items differ per seed. One run: its own ``se``. Quantities without a
   per-run error (ratio statistics, costs): ``std / sqrt(n)``.
+
+Two methods evaluated on the same held-out items are compared item by item (:func:`paired_bootstrap`): a
+hierarchical bootstrap over seeds, then items within them, of the per-item difference, giving Δ, its
+standard error, a 95% interval and a two-sided p-value; the difference is *resolved* when the interval
+excludes 0. Without per-item results, :func:`unpaired_difference` gives the interval Δ ± 2 SE from the two
+means' standard errors. ``docs/statistics.md`` explains both.
 """
 
 from __future__ import annotations
@@ -41,9 +47,11 @@ __all__ = [
     "formatted",
     "is_stat_table",
     "markdown",
+    "paired_bootstrap",
     "row_n",
     "seeds_note",
     "stat_table",
+    "unpaired_difference",
 ]
 
 STATS = ("mean", "std", "n", "se")
@@ -268,3 +276,105 @@ def final_and_initial(
     init_keys = [*initial_by, "seed", "agent", "metric"]
     initial = initial.groupby(init_keys, dropna=False, sort=False)[["value", "se"]].mean().reset_index()
     return final, initial
+
+
+# ---------------------------------------------------------------- comparing two methods
+
+
+def _no_pairs(seeds: int = 0, items: int = 0) -> dict[str, float]:
+    nan = math.nan
+    return {"delta": nan, "se": nan, "ci_low": nan, "ci_high": nan, "p_value": nan, "resolved": False,
+            "seeds": seeds, "items": items}  # fmt: skip
+
+
+def paired_bootstrap(
+    values: pd.DataFrame,
+    treatment: str,
+    baseline: str,
+    *,
+    n_boot: int = 10_000,
+    level: float = 0.95,
+    seed: int = 0,
+) -> dict[str, float]:
+    """Δ = treatment − baseline on the same items, with a hierarchical bootstrap over seeds, then items.
+
+    Pairs are the (seed, item) both methods were evaluated on; d = treatment's value − baseline's. Δ is the
+    mean over the paired seeds of each seed's mean d. Each bootstrap replicate draws the seeds with
+    replacement, then for each drawn seed its paired items with replacement (a multinomial draw over the
+    distinct values of d, which is the same distribution and costs no more for 1,000 items than for 10),
+    and averages like Δ. The interval is the replicates' ``level`` percentile interval; the p-value is
+    two-sided, ``2 · min(P*(Δ* ≤ 0), P*(Δ* ≥ 0))`` with the usual +1 in numerator and denominator, at most
+    1. With one seed only items are resampled. A pure, seeded function: the same rows in any order give
+    the same result.
+
+    Args:
+        values: Tidy rows ``method, seed, item, value``, one per method, seed and item; ``value`` an item's
+            score (greedy correctness 0/1, or correct samples / k for avg@k).
+        treatment: The ``method`` whose advantage is measured.
+        baseline: The ``method`` it is compared with.
+        n_boot: Bootstrap replicates.
+        level: Coverage of the interval.
+        seed: Seeds the bootstrap's random numbers.
+
+    Returns:
+        ``delta, se`` (the replicates' standard deviation), ``ci_low, ci_high, p_value``, ``resolved`` (the
+        interval excludes 0), ``seeds`` and ``items`` paired (NaN statistics when nothing pairs).
+
+    Raises:
+        ValueError: Missing columns, or two rows for one method, seed and item.
+    """
+    missing = [c for c in ("method", "seed", "item", "value") if c not in values.columns]
+    if missing:
+        raise ValueError(f"paired_bootstrap: values lack columns {missing}; has {list(values.columns)}")
+    rows = values[values["method"].isin([treatment, baseline])]
+    twice = rows[rows.duplicated(["method", "seed", "item"], keep=False)]
+    if len(twice):
+        first = twice.iloc[0]
+        raise ValueError(
+            f"paired_bootstrap: {len(twice)} rows repeat a (method, seed, item), e.g. "
+            f"({first['method']!r}, {first['seed']!r}, {first['item']!r}): one run per method and seed"
+        )
+    wide = rows.pivot(index=["seed", "item"], columns="method", values="value")
+    if treatment not in wide or baseline not in wide:
+        return _no_pairs()
+    d = (wide[treatment] - wide[baseline]).dropna().sort_index()
+    if d.empty:
+        return _no_pairs()
+    per_seed = [group.to_numpy(dtype="float64") for _, group in d.groupby(level="seed", sort=True)]
+    delta = float(np.mean([x.mean() for x in per_seed]))
+    n_seeds = len(per_seed)
+    rng = np.random.default_rng(seed)
+    # means_S_B_J[s, b, j]: seed s's item-resampled mean, for replicate b and drawn slot j.
+    means_S_B_J = np.empty((n_seeds, n_boot, n_seeds))
+    for s, x in enumerate(per_seed):
+        distinct, counts = np.unique(x, return_counts=True)
+        draws_B_J_V = rng.multinomial(x.size, counts / x.size, size=(n_boot, n_seeds))
+        means_S_B_J[s] = draws_B_J_V @ distinct / x.size
+    pick_B_J = rng.integers(0, n_seeds, size=(n_boot, n_seeds))
+    boot_B = means_S_B_J[pick_B_J, np.arange(n_boot)[:, None], np.arange(n_seeds)[None, :]].mean(axis=1)
+    low, high = np.quantile(boot_B, [(1 - level) / 2, (1 + level) / 2])
+    below, above = (1 + np.sum(boot_B <= 0)) / (1 + n_boot), (1 + np.sum(boot_B >= 0)) / (1 + n_boot)
+    return {
+        "delta": delta,
+        "se": float(boot_B.std(ddof=1)),
+        "ci_low": float(low),
+        "ci_high": float(high),
+        "p_value": float(min(1.0, 2 * min(below, above))),
+        "resolved": bool(low > 0 or high < 0),
+        "seeds": n_seeds,
+        "items": int(d.size),
+    }
+
+
+def unpaired_difference(delta: float, se: float) -> dict[str, float]:
+    """The rule for a difference of two means without per-item results: interval Δ ± 2 SE, *resolved* when
+    it excludes 0 (|Δ| > 2 SE), p-value from the normal approximation ``erfc(|Δ| / (SE √2))``.
+
+    Returns:
+        ``delta, se, ci_low, ci_high, p_value, resolved`` (NaN and False when SE is unknown).
+    """
+    if se is None or math.isnan(se) or math.isnan(delta):
+        return {k: v for k, v in _no_pairs().items() if k not in ("seeds", "items")} | {"delta": delta}
+    p = math.erfc(abs(delta) / (se * math.sqrt(2))) if se > 0 else float(delta == 0)
+    return {"delta": delta, "se": se, "ci_low": delta - 2 * se, "ci_high": delta + 2 * se, "p_value": p,
+            "resolved": bool(abs(delta) > 2 * se)}  # fmt: skip
