@@ -331,8 +331,8 @@ def paired_bootstrap(
     if len(twice):
         first = twice.iloc[0]
         raise ValueError(
-            f"paired_bootstrap: {len(twice)} rows repeat a (method, seed, item), e.g. "
-            f"({first['method']!r}, {first['seed']!r}, {first['item']!r}): one run per method and seed"
+            f"paired_bootstrap: {len(twice)} rows repeat a (method, seed, item), e.g. method "
+            f"{first['method']}, seed {first['seed']}, item {first['item']}: one run per method and seed"
         )
     wide = rows.pivot(index=["seed", "item"], columns="method", values="value")
     if treatment not in wide or baseline not in wide:
