@@ -31,14 +31,15 @@ def test_identical_runs_give_zero_and_are_not_resolved():
 def test_one_more_correct_item_everywhere_is_resolved():
     base = np.zeros((3, 40))
     better = base.copy()
-    better[:, :4] = 1  # +1 on 4 of 40 items in every seed: Δ = 0.1
+    better[:, :10] = 1  # +1 on 10 of 40 items in every seed: Δ = 0.25
     result = paired_bootstrap(pd.concat([_rows("h", better), _rows("g", base)]), "h", "g", n_boot=2000)
-    assert result["delta"] == pytest.approx(0.1) and result["resolved"] and result["ci_low"] > 0
-    assert result["p_value"] == pytest.approx(2 / 2001)  # no replicate at or below 0
+    assert result["delta"] == pytest.approx(0.25) and result["resolved"] and result["ci_low"] > 0
+    # A replicate is 0 only if its 40 draws miss all 10 items: (3/4)^40 ≈ 1e-5, so none of 2000 is.
+    assert result["p_value"] == pytest.approx(2 / 2001)
     shifted = paired_bootstrap(pd.concat([_rows("h", base + 1), _rows("g", base)]), "h", "g", n_boot=200)
     assert (shifted["delta"], shifted["ci_low"], shifted["ci_high"], shifted["se"]) == (1, 1, 1, 0)
     flipped = paired_bootstrap(pd.concat([_rows("h", base), _rows("g", better)]), "h", "g", n_boot=2000)
-    assert flipped["delta"] == pytest.approx(-0.1) and flipped["resolved"] and flipped["ci_high"] < 0
+    assert flipped["delta"] == pytest.approx(-0.25) and flipped["resolved"] and flipped["ci_high"] < 0
 
 
 def test_one_seed_matches_the_closed_form_paired_standard_error():
@@ -52,6 +53,23 @@ def test_one_seed_matches_the_closed_form_paired_standard_error():
     half = 1.96 * d.std() / math.sqrt(d.size)
     assert result["ci_low"] == pytest.approx(d.mean() - half, abs=0.1 * half)
     assert result["ci_high"] == pytest.approx(d.mean() + half, abs=0.1 * half)
+
+
+def test_items_shared_by_the_seeds_are_drawn_once_per_replicate():
+    # Three seeds with the same differences on the same items know no more about those items than one
+    # seed: SE = sd(d) / sqrt(n), not / sqrt(3 n). Seeds with items of their own (each seed drew its own
+    # held-out set) do average them: SE = sd(d) / sqrt(3 n).
+    rng = np.random.default_rng(4)
+    a = rng.integers(0, 2, 1500)
+    b = np.where(rng.random(1500) < 0.7, a, 1 - a)
+    d = a - b
+    shared = paired_bootstrap(pd.concat([_rows("h", [a] * 3), _rows("g", [b] * 3)]), "h", "g", n_boot=8000)
+    assert shared["se"] == pytest.approx(d.std() / math.sqrt(d.size), rel=0.05)
+    own = pd.concat([_rows("h", [a] * 3), _rows("g", [b] * 3)])
+    own["item"] = own["item"] + "@" + own["seed"].astype(str)
+    nested = paired_bootstrap(own, "h", "g", n_boot=8000)
+    assert nested["se"] == pytest.approx(d.std() / math.sqrt(3 * d.size), rel=0.05)
+    assert shared["delta"] == nested["delta"] == pytest.approx(d.mean())
 
 
 def test_seeds_are_resampled_too():

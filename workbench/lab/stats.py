@@ -281,10 +281,45 @@ def final_and_initial(
 # ---------------------------------------------------------------- comparing two methods
 
 
-def _no_pairs(seeds: int = 0, items: int = 0) -> dict[str, float]:
-    nan = math.nan
-    return {"delta": nan, "se": nan, "ci_low": nan, "ci_high": nan, "p_value": nan, "resolved": False,
-            "seeds": seeds, "items": items}  # fmt: skip
+def _no_pairs() -> dict[str, float]:
+    stats = dict.fromkeys(("delta", "se", "ci_low", "ci_high", "p_value"), math.nan)
+    return stats | {"resolved": False, "seeds": 0, "items": 0}
+
+
+_CHUNK = 2000
+"""Bootstrap replicates drawn at a time (bounds the memory of the multinomial draws)."""
+
+
+def _resampled_means(x_I_C: np.ndarray, n_boot: int, rng: np.random.Generator) -> np.ndarray:
+    """Column means of ``n_boot`` resamples (with replacement) of the rows of ``x_I_C``: shape (n_boot, C).
+
+    Drawn as multinomial counts over the distinct rows, which is the same distribution as drawing row
+    indices and costs as little for 1,000 items as for 10 (scores take few distinct values).
+    """
+    patterns_P_C, counts_P = np.unique(x_I_C, axis=0, return_counts=True)
+    n = x_I_C.shape[0]
+    means_B_C = np.empty((n_boot, x_I_C.shape[1]))
+    for start in range(0, n_boot, _CHUNK):
+        stop = min(n_boot, start + _CHUNK)
+        means_B_C[start:stop] = rng.multinomial(n, counts_P / n, size=stop - start) @ patterns_P_C / n
+    return means_B_C
+
+
+def _replicates(d_I_S: pd.DataFrame, n_boot: int, rng: np.random.Generator) -> np.ndarray:
+    """Bootstrap replicates of Δ from per-item differences (items × seeds, NaN where a seed lacks an item)."""
+    n_seeds = d_I_S.shape[1]
+    pick_B_J = rng.integers(0, n_seeds, size=(n_boot, n_seeds))  # the seeds drawn by each replicate
+    if not d_I_S.isna().to_numpy().any():
+        # Every seed answered the same items (a fixed task.eval_seed): one item resample per replicate,
+        # shared by its seeds, so an item's effect common to all seeds is not averaged away as noise.
+        means_B_S = _resampled_means(d_I_S.to_numpy(dtype="float64"), n_boot, rng)
+        return np.take_along_axis(means_B_S, pick_B_J, axis=1).mean(axis=1)
+    # Each seed drew its own items: resample them within every drawn seed, independently.
+    columns = [col.dropna().to_numpy(dtype="float64")[:, None] for _, col in d_I_S.items()]
+    means_S_BJ = np.stack([_resampled_means(x, n_boot * n_seeds, rng)[:, 0] for x in columns])
+    return means_S_BJ.reshape(n_seeds, n_boot, n_seeds)[
+        pick_B_J, np.arange(n_boot)[:, None], np.arange(n_seeds)
+    ].mean(axis=1)
 
 
 def paired_bootstrap(
@@ -300,12 +335,12 @@ def paired_bootstrap(
 
     Pairs are the (seed, item) both methods were evaluated on; d = treatment's value − baseline's. Δ is the
     mean over the paired seeds of each seed's mean d. Each bootstrap replicate draws the seeds with
-    replacement, then for each drawn seed its paired items with replacement (a multinomial draw over the
-    distinct values of d, which is the same distribution and costs no more for 1,000 items than for 10),
-    and averages like Δ. The interval is the replicates' ``level`` percentile interval; the p-value is
-    two-sided, ``2 · min(P*(Δ* ≤ 0), P*(Δ* ≥ 0))`` with the usual +1 in numerator and denominator, at most
-    1. With one seed only items are resampled. A pure, seeded function: the same rows in any order give
-    the same result.
+    replacement and the items with replacement, and averages like Δ: when every seed answered the same
+    items (the default, a fixed ``task.eval_seed``) one item draw serves all seeds of the replicate (items
+    and seeds are crossed); otherwise each drawn seed's items are drawn on their own (items nested in
+    seeds). The interval is the replicates' ``level`` percentile interval; the p-value is two-sided,
+    ``2 · min(P*(Δ* ≤ 0), P*(Δ* ≥ 0))`` with the usual +1 in numerator and denominator, at most 1. With one
+    seed only items are resampled. A pure, seeded function: the same rows in any order give the same result.
 
     Args:
         values: Tidy rows ``method, seed, item, value``, one per method, seed and item; ``value`` an item's
@@ -337,31 +372,21 @@ def paired_bootstrap(
     wide = rows.pivot(index=["seed", "item"], columns="method", values="value")
     if treatment not in wide or baseline not in wide:
         return _no_pairs()
-    d = (wide[treatment] - wide[baseline]).dropna().sort_index()
+    d = (wide[treatment] - wide[baseline]).dropna()
     if d.empty:
         return _no_pairs()
-    per_seed = [group.to_numpy(dtype="float64") for _, group in d.groupby(level="seed", sort=True)]
-    delta = float(np.mean([x.mean() for x in per_seed]))
-    n_seeds = len(per_seed)
-    rng = np.random.default_rng(seed)
-    # means_S_B_J[s, b, j]: seed s's item-resampled mean, for replicate b and drawn slot j.
-    means_S_B_J = np.empty((n_seeds, n_boot, n_seeds))
-    for s, x in enumerate(per_seed):
-        distinct, counts = np.unique(x, return_counts=True)
-        draws_B_J_V = rng.multinomial(x.size, counts / x.size, size=(n_boot, n_seeds))
-        means_S_B_J[s] = draws_B_J_V @ distinct / x.size
-    pick_B_J = rng.integers(0, n_seeds, size=(n_boot, n_seeds))
-    boot_B = means_S_B_J[pick_B_J, np.arange(n_boot)[:, None], np.arange(n_seeds)[None, :]].mean(axis=1)
+    d_I_S = d.unstack("seed").sort_index().sort_index(axis=1)
+    boot_B = _replicates(d_I_S, n_boot, np.random.default_rng(seed))
     low, high = np.quantile(boot_B, [(1 - level) / 2, (1 + level) / 2])
     below, above = (1 + np.sum(boot_B <= 0)) / (1 + n_boot), (1 + np.sum(boot_B >= 0)) / (1 + n_boot)
     return {
-        "delta": delta,
+        "delta": float(d_I_S.mean(axis=0).mean()),
         "se": float(boot_B.std(ddof=1)),
         "ci_low": float(low),
         "ci_high": float(high),
         "p_value": float(min(1.0, 2 * min(below, above))),
         "resolved": bool(low > 0 or high < 0),
-        "seeds": n_seeds,
+        "seeds": int(d_I_S.shape[1]),
         "items": int(d.size),
     }
 
