@@ -326,6 +326,27 @@ def test_load_evals(two_runs):
     assert ev["items"].isna().all()  # the configs name no task.eval_size: standard errors unknown
 
 
+def test_load_eval_items_final_step_and_scores(two_runs):
+    from workbench.lab.items import final_items, item_scores, load_eval_items
+
+    root, hacpo_dir, _ = two_runs
+    RunWriter(hacpo_dir).append_eval_items(
+        4, [{"agent": "x", "benchmark": "arith", "item": "NA", "greedy": None, "sampled": None, "k": 0}]
+    )
+    items = load_eval_items(root)
+    assert list(items.columns) == [*frames.ID_COLUMNS, *results.ITEM_COLUMNS]
+    assert len(items) == 2 * 2 * 2 * 3 + 1 and items["seed"].dtype == "Int64"
+    final = final_items(items)
+    assert sorted(set(zip(final["algorithm"], final["step"]))) == [("gspo", 2), ("hacpo", 4)]
+    assert final.loc[final["algorithm"] == "hacpo", "item"].tolist() == ["NA"]  # an id, not a missing value
+    assert item_scores(final, "greedy_acc")["algorithm"].tolist() == ["gspo"] * 6
+    scores = item_scores(items[items["step"] == 2], "avg@4")
+    assert scores["value"].tolist() == [0.5] * 12  # 2 of 4 samples right on every item
+    assert item_scores(items[items["step"] == 2], "greedy_acc")["value"].tolist() == [0.0, 1.0, 0.0] * 4
+    with pytest.raises(ValueError, match="pass@2"):
+        item_scores(items, "pass@2")
+
+
 @pytest.mark.parametrize(
     ("prefix", "named", "n_rows"),
     [

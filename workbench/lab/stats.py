@@ -14,7 +14,7 @@ How the numbers are made (the README's Results section says the same):
 - ``se`` of one run's accuracy on m held-out items: the binomial ``sqrt(p (1 − p) / m)``
   (:func:`binomial_se`). For avg@k it is the same formula, an upper bound of the standard error of the mean
   of per-item averages (each item's average of k samples lies in [0, 1] with mean p, so its variance is at
-  most p (1 − p)); the run directories do not keep per-item samples, so the bound is what is reported.
+  most p (1 − p)); tables report the bound, and comparisons of methods use the per-item results instead.
 - ``se`` of the mean over n seeds (:func:`combine`): ``sqrt(std² / n + mean(se_run²))``. The first term is
   the seed-to-seed spread of the mean; the second is the held-out sampling error, which all seeds share when
   they are evaluated on the same items (``task.eval_seed`` fixed, the default), so it does not shrink with
