@@ -31,11 +31,16 @@ def write_run(
     ratio_normalization: str = "tokens",
     step_s: float = 2.0,
     train_acc: bool = True,
+    per_item: bool = True,
+    weights: dict[str, str] | None = None,
 ) -> Path:
     """A finished (``done``) run: evals at step 0 and ``steps`` (greedy and, with ``avg``, avg@4), cost,
     time and (with ``in_range``) cross in-range fractions in ``metrics.jsonl``; ``version="current"`` is this
     code's version, None leaves ``code_version`` out of ``environment.json``; ``train_acc=False`` logs no
-    ``train/acc`` (own-rollout accuracy)"""
+    ``train/acc`` (own-rollout accuracy).
+
+    With ``per_item`` each evaluation also writes ``eval_items.csv`` (`fake_items`), agreeing with its
+    accuracies; ``weights`` (agent → digest) are recorded as the agents' starting weights."""
     run_dir = create_run_dir(root, experiment)
     writer = RunWriter(run_dir)
     writer.write_config(
@@ -53,6 +58,8 @@ def write_run(
         }
     )
     env = {} if version is None else {"code_version": code_version() if version == "current" else version}
+    if weights is not None:
+        env["start_weights"] = weights
     (run_dir / "environment.json").write_text(json.dumps({"python": "3.11", **env}))
     multiplier = 2 if algorithm == "gspo_x2" else 1
     shares = algorithm in ("hacpo", "naive")
@@ -86,7 +93,29 @@ def write_run(
                     for a, v in zip(agents, sampled)
                 ]
             writer.append_evals(step, rows)
+            if per_item:
+                writer.append_eval_items(
+                    step, fake_items(agents, accs, sampled if avg is not None else None, eval_size)
+                )
         writer.log_metrics(step, metrics)
     if done:
         writer.mark_done({"steps": steps, "agents": list(agents)})
     return run_dir
+
+
+def fake_items(
+    agents: Sequence[str], greedy: Sequence[float], sampled: Sequence[float] | None, n: int, k: int = 4
+) -> list[dict]:
+    """Per-item rows of ``n`` items ``q000``... with the given greedy accuracy (the first round(acc·n) items
+    are right) and avg@k (round(avg·n·k) correct samples spread as evenly as the items allow)."""
+    rows = []
+    for i, agent in enumerate(agents):
+        right = round(greedy[i] * n)
+        total = round(sampled[i] * n * k) if sampled is not None else 0
+        for j in range(n):
+            count = total // n + (j < total % n) if sampled is not None else None
+            rows.append(
+                {"agent": agent, "benchmark": "arith", "item": f"q{j:03d}", "greedy": int(j < right),
+                 "sampled": count, "k": k if sampled is not None else 0}
+            )  # fmt: skip
+    return rows

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from workbench.agents.agent import AgentLoadError
+from workbench.agents.agent import AgentLoadError, state_digest
 from workbench.agents.hf import bnb_config, lora_config
 from workbench.agents.kvcache import preallocate
 from workbench.agents.loading import load_agent
@@ -368,6 +368,26 @@ def test_lora_moves_adapters_only_and_state_dict_round_trips(bpe_agent_dir):
     assert torch.allclose(token_logprobs(agent, batch)[0], base_logp, atol=1e-5)
     agent.load_trainable_state_dict(trained)
     assert not torch.allclose(token_logprobs(agent, batch)[0], base_logp, atol=1e-3)
+
+
+def test_weights_digest_names_every_tensor_with_lora_adapters_included(bpe_agent_dir):
+    plain = load_agent(str(bpe_agent_dir))
+    assert plain.weights_digest() == load_agent(str(bpe_agent_dir)).weights_digest()
+    lora = load_agent({"model": str(bpe_agent_dir), "lora": {"r": 4, "alpha": 8}})
+    again = load_agent({"model": str(bpe_agent_dir), "lora": {"r": 4, "alpha": 8}})
+    other_init = load_agent({"model": str(bpe_agent_dir), "lora": {"r": 4, "alpha": 8}, "seed": 1})
+    assert lora.weights_digest() == again.weights_digest()  # adapters initialized from the agent's seed
+    assert len({plain.weights_digest(), lora.weights_digest(), other_init.weights_digest()}) == 3
+    name, param = next((n, p) for n, p in lora.model.named_parameters() if "lora_A" in n)
+    before = lora.weights_digest()
+    with torch.no_grad():
+        param[0, 0] += 1.0
+    assert lora.weights_digest() != before, name
+    # Name, dtype and shape count besides the bytes; the dict's order does not.
+    zeros = torch.zeros(2, dtype=torch.int32)
+    assert state_digest({"x": zeros, "y": zeros}) == state_digest({"y": zeros, "x": zeros})
+    variants = [{"x": zeros}, {"z": zeros}, {"x": zeros.float()}, {"x": zeros.view(1, 2)}]
+    assert len({state_digest(v) for v in variants}) == 4
 
 
 def test_full_finetune_reference_is_the_initial_model(char_agent_dir):

@@ -169,8 +169,31 @@ def test_evaluate_options(fake_agents):
         evaluate(FakeAgent(), [])
 
 
+def test_item_rows_count_correct_responses_per_item(fake_agents):
+    result = evaluate(FakeAgent(), ITEMS, k=3, temperature=0.7, method="numeric")
+    rows = result.item_rows()
+    # Greedy: right on even items; sampled: item i's sample s right when (i + s) % 3 == 0, once per item.
+    assert rows == [
+        {
+            "agent": "fake",
+            "benchmark": "toy",
+            "item": f"q{i}",
+            "greedy": int(i % 2 == 0),
+            "sampled": 1,
+            "k": 3,
+        }
+        for i in range(6)
+    ]
+    summary = result.summary.set_index("metric")["value"]
+    assert np.mean([r["greedy"] for r in rows]) == summary["greedy_acc"]
+    assert np.mean([r["sampled"] / r["k"] for r in rows]) == pytest.approx(summary["avg@3"])
+    assert all(type(v) in (str, int) for r in rows for v in r.values())  # plain data: crosses processes
+    greedy_only = evaluate(FakeAgent(), ITEMS[:2], k=0).item_rows()
+    assert [(r["greedy"], r["sampled"], r["k"]) for r in greedy_only] == [(1, None, 0), (0, None, 0)]
+
+
 def test_summary_rows_fit_the_results_log(fake_agents):
-    from workbench.train.rundir import _EVAL_METRIC_RE
+    from workbench.train.evalcsv import _EVAL_METRIC_RE, item_row
 
     items = embedded_task("test", 4)
     result = evaluate(
@@ -181,6 +204,10 @@ def test_summary_rows_fit_the_results_log(fake_agents):
     rows = result.rows()
     assert rows and all(set(r) == {"agent", "benchmark", "metric", "value"} for r in rows)
     assert all(_EVAL_METRIC_RE.match(r["metric"]) for r in rows)
+    assert all(
+        item_row(0, i, row)[4:] == [row["greedy"], row["sampled"], 2]
+        for i, row in enumerate(result.item_rows())
+    )
 
 
 # ---------------------------------------------------------------------------------------------- tiny agent

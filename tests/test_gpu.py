@@ -5,6 +5,8 @@ weights under bf16 autocast, so lr 1e-6 still moves them), agents on CUDA and CP
 executor placing two agents on one GPU when Ray is installed.
 """
 
+import json
+
 import pytest
 import torch
 
@@ -71,6 +73,17 @@ def test_one_hacpo_step_with_4bit_qlora(tmp_path):
     state = load_latest_checkpoint(run_dir)[1]["agent_0"]
     assert state and all("lora" in key for key in state)
     assert any("lora_B" in k and v.abs().sum() > 0 for k, v in state.items())  # adapters moved from zero
+    digests = json.loads((run_dir / "environment.json").read_text())["start_weights"]
+    assert set(digests) == {"char", "bpe"}  # 4-bit weights and their quantization state hash too
+
+
+def test_starting_weights_digest_is_the_same_on_cuda_and_cpu():
+    from workbench.agents.loading import load_agent
+
+    on_cuda = load_agent({"model": "tiny:gpt2-char", "device": "cuda"})
+    on_cpu = load_agent({"model": "tiny:gpt2-char", "device": "cpu"})
+    assert next(on_cuda.model.parameters()).is_cuda
+    assert on_cuda.weights_digest() == on_cpu.weights_digest()
 
 
 def test_full_finetuning_keeps_fp32_master_weights_and_moves_them_at_lr_1e_6(tmp_path):

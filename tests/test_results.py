@@ -33,7 +33,8 @@ def _cfg(algorithm: str = "hacpo", seed: int = 0, experiment: str = "exp") -> di
 
 
 def _write_run(root: Path, algorithm: str, seed: int, steps: int = 4) -> Path:
-    """A small run as the trainer writes it: evals at steps 0 and 2, logged in a separate call."""
+    """A small run as the trainer writes it: evals (and 3 items per agent) at steps 0 and 2, logged in a
+    separate call."""
     run_dir = create_run_dir(root, "exp")
     w = RunWriter(run_dir)
     w.write_config(_cfg(algorithm, seed))
@@ -43,6 +44,14 @@ def _write_run(root: Path, algorithm: str, seed: int, steps: int = 4) -> Path:
             w.log_metrics(step, {f"eval/acc/{a}": 0.1 * step + i + seed for i, a in enumerate(AGENTS)})
             w.append_evals(
                 step, [{"agent": a, "benchmark": "arith", "metric": "avg@4", "value": 0.5} for a in AGENTS]
+            )
+            w.append_eval_items(
+                step,
+                [
+                    {"agent": a, "benchmark": "arith", "item": f"q{i}", "greedy": i % 2, "sampled": 2, "k": 4}
+                    for a in AGENTS
+                    for i in range(3)
+                ],
             )
         if step == 0:
             continue  # the initial evaluation is step 0, before any update
@@ -151,6 +160,38 @@ def test_write_environment_records_versions_and_resumes(tmp_path):
     assert env["note"] == "first" and [r["note"] for r in env["resumes"]] == ["resumed"]
 
 
+def test_environment_records_cpu_threads_and_each_starts_weights(tmp_path, monkeypatch):
+    w = RunWriter(create_run_dir(tmp_path, "exp"))
+    w.write_config(_cfg())
+    with pytest.raises(RuntimeError, match="write_environment"):
+        w.record_start({"start_weights": {"a": "1"}})
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    env = w.write_environment()
+    assert env["torch_threads"] == torch.get_num_threads()
+    assert env["torch_interop_threads"] == torch.get_num_interop_threads()
+    assert env["thread_variables"]["OMP_NUM_THREADS"] == "3" and "OMP_WAIT_POLICY" in env["thread_variables"]
+    assert {"numpy", "peft", "bitsandbytes", "tokenizers", "transformers"} <= set(env["packages"])
+    assert set(env["cpu"]) == {"model", "logical_cores", "simd"}
+    w.record_start({"start_weights": {"a": "11", "b": "22"}})
+    w.write_environment()
+    w.record_start({"start_weights": {"a": "11", "b": "33"}})
+    doc = json.loads(w.environment_path.read_text())
+    assert doc["start_weights"] == {"a": "11", "b": "22"}
+    assert doc["resumes"][0]["start_weights"] == {"a": "11", "b": "33"}
+
+
+def test_cpu_info_reads_x86_and_arm_cpuinfo():
+    from workbench.train.environment import cpu_info
+
+    x86 = "processor\t: 0\nmodel name\t: Xeon X\nflags\t\t: fpu sse4_2 avx2 fma avx512f amx_bf16\n\n"
+    x86 += "processor\t: 1\nmodel name\t: other\nflags\t\t: fpu\n"
+    info = cpu_info(x86)
+    assert info["model"] == "Xeon X" and info["simd"] == ["sse4_2", "avx2", "fma", "avx512f", "amx_bf16"]
+    arm = "processor\t: 0\nFeatures\t: fp asimd asimdhp sve bf16\nCPU implementer\t: 0x41\n"
+    assert cpu_info(arm)["simd"] == ["asimd", "asimdhp", "bf16", "sve"] and cpu_info(arm)["model"] is None
+    assert cpu_info(None)["simd"] is None  # no /proc/cpuinfo: flags unknown
+
+
 def test_log_metrics_converts_and_validates(tmp_path):
     w = RunWriter(create_run_dir(tmp_path, "exp"))
     w.write_config(_cfg())
@@ -182,13 +223,41 @@ def test_append_evals_validates_rows(tmp_path):
     assert not w.evals_path.exists()
 
 
+def test_append_eval_items_writes_plain_rows_and_validates(tmp_path):
+    w = RunWriter(create_run_dir(tmp_path, "exp"))
+    w.write_config(_cfg())
+    row = {"agent": "a", "benchmark": "b", "item": "q,1", "greedy": 1, "sampled": 3, "k": 4}
+    w.append_eval_items(0, [row, {**row, "item": "q2", "greedy": None, "sampled": None, "k": 0}])
+    w.append_eval_items(5, [{**row, "greedy": 0, "sampled": 0}])
+    assert w.items_path.read_text().splitlines() == [
+        "step,agent,benchmark,item,greedy,sampled,k",
+        '0,a,b,"q,1",1,3,4',
+        "0,a,b,q2,,,0",
+        '5,a,b,"q,1",0,0,4',
+    ]
+    for bad, match in (
+        ({"greedy": 2}, "greedy=2"),
+        ({"sampled": 5}, r"sampled=5; allowed: an int in \[0, 4\]"),
+        ({"sampled": None}, "None exactly when k=0"),
+        ({"k": -1}, "k=-1"),
+        ({"greedy": True}, "greedy=True"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            w.append_eval_items(6, [row, {**row, **bad}])
+    missing = {k: v for k, v in row.items() if k != "item"}
+    with pytest.raises(ValueError, match=r"row 0 lacks \['item'\]"):
+        w.append_eval_items(6, [missing])
+    assert set(pd.read_csv(w.items_path)["step"]) == {0, 5}  # refused rows wrote nothing
+
+
 def test_mark_done_and_rollback(tmp_path):
     run_dir = _write_run(tmp_path, "hacpo", 0, steps=6)
     w = RunWriter(run_dir)
     w.mark_done({"steps": 6})
     assert w.is_done() and json.loads(w.done_path.read_text())["steps"] == 6
     dropped = w.rollback_to(2)
-    assert dropped == {"metrics": 4, "evals": 2, "samples": 3}  # lines 3, 4 (x2), 5; evals of step 4
+    # metrics: lines 3, 4 (x2), 5; evals and items (3 per agent) of step 4
+    assert dropped == {"metrics": 4, "evals": 2, "eval_items": 6, "samples": 3}
     assert not w.is_done()
     df = frames.load_runs([run_dir])
     assert df["step"].tolist() == [0, 1, 2]
@@ -199,7 +268,10 @@ def test_mark_done_and_rollback(tmp_path):
         other.log_metrics(1, {"train/acc/char-gpt2": 0.9})
     w.log_metrics(3, {"train/acc/char-gpt2": 0.9})  # logging resumes after the rollback
     assert frames.load_runs([run_dir])["step"].tolist() == [0, 1, 2, 3]
-    assert w.rollback_to(-1) == {"metrics": 5, "evals": 4, "samples": 2}  # killed before any checkpoint
+    assert set(pd.read_csv(w.items_path)["step"]) == {0, 2}
+    # killed before any checkpoint
+    assert w.rollback_to(-1) == {"metrics": 5, "evals": 4, "eval_items": 12, "samples": 2}
+    assert w.items_path.read_text() == "step,agent,benchmark,item,greedy,sampled,k\n"
     assert len(frames.load_runs([run_dir])) == 0 and len(frames.load_evals([run_dir])) == 0
     w.log_metrics(0, {"eval/acc/char-gpt2": 0.1})
     with pytest.raises(ValueError, match=">= -1"):
@@ -252,6 +324,27 @@ def test_load_evals(two_runs):
     assert list(ev.columns) == [*frames.ID_COLUMNS, *results.EVAL_COLUMNS, "items"]
     assert len(ev) == 8 and set(ev["metric"]) == {"avg@4"} and (ev["value"] == 0.5).all()
     assert ev["items"].isna().all()  # the configs name no task.eval_size: standard errors unknown
+
+
+def test_load_eval_items_final_step_and_scores(two_runs):
+    from workbench.lab.items import final_items, item_scores, load_eval_items
+
+    root, hacpo_dir, _ = two_runs
+    RunWriter(hacpo_dir).append_eval_items(
+        4, [{"agent": "x", "benchmark": "arith", "item": "NA", "greedy": None, "sampled": None, "k": 0}]
+    )
+    items = load_eval_items(root)
+    assert list(items.columns) == [*frames.ID_COLUMNS, *results.ITEM_COLUMNS]
+    assert len(items) == 2 * 2 * 2 * 3 + 1 and items["seed"].dtype == "Int64"
+    final = final_items(items)
+    assert sorted(set(zip(final["algorithm"], final["step"]))) == [("gspo", 2), ("hacpo", 4)]
+    assert final.loc[final["algorithm"] == "hacpo", "item"].tolist() == ["NA"]  # an id, not a missing value
+    assert item_scores(final, "greedy_acc")["algorithm"].tolist() == ["gspo"] * 6
+    scores = item_scores(items[items["step"] == 2], "avg@4")
+    assert scores["value"].tolist() == [0.5] * 12  # 2 of 4 samples right on every item
+    assert item_scores(items[items["step"] == 2], "greedy_acc")["value"].tolist() == [0.0, 1.0, 0.0] * 4
+    with pytest.raises(ValueError, match="pass@2"):
+        item_scores(items, "pass@2")
 
 
 @pytest.mark.parametrize(

@@ -27,6 +27,8 @@ def _run(
     finished: str = "2026-01-01T00:00:00+00:00",
     resumed_with: str | None = None,
     output_root: str = "results",
+    weights: dict[str, str] | None = None,
+    resumed_weights: dict[str, str] | None = None,
 ) -> Path:
     run_dir = create_run_dir(root, experiment)
     writer = RunWriter(run_dir)
@@ -42,8 +44,10 @@ def _run(
         }
     )
     env: dict = {"python": "3.11"} | ({"code_version": version} if version is not None else {})
-    if resumed_with is not None:
-        env["resumes"] = [{"code_version": resumed_with}]
+    if weights is not None:
+        env["start_weights"] = weights
+    if resumed_with is not None or resumed_weights is not None:
+        env["resumes"] = [{"code_version": resumed_with or version, "start_weights": resumed_weights}]
     (run_dir / "environment.json").write_text(json.dumps(env))
     if done:
         (run_dir / "DONE").write_text(json.dumps({"steps": 4, "finished_at": finished}))
@@ -116,3 +120,38 @@ def test_default_version_is_this_code_and_files_may_be_broken(tmp_path):
     assert _reasons(sel)[broken.name].startswith("config.yaml unreadable")
     with pytest.raises(FileNotFoundError):
         frames.select_runs(tmp_path / "nope")
+
+
+SAME = {"a": "a" * 64, "b": "b" * 64}
+
+
+def test_only_runs_with_the_same_starting_weights_are_averaged(tmp_path):
+    kept = [_run(tmp_path, s, weights=SAME) for s in (0, 1, 2)]
+    other_b = _run(tmp_path, 3, weights={**SAME, "b": "c" * 64}, finished="2026-03-01T00:00:00+00:00")
+    older = _run(tmp_path, 4)  # no digests recorded: unknown, kept as before
+    changed = _run(tmp_path, 5, weights=SAME, resumed_weights={**SAME, "a": "d" * 64})
+    gspo = [_run(tmp_path, s, algorithm="gspo") for s in (0, 1)]
+    sel = frames.select_runs(tmp_path, current_version=CURRENT)
+    assert sel.runs == sorted(p.resolve() for p in [*kept, older, *gspo])
+    reasons = _reasons(sel)
+    # The digests most runs share win, though the outsider finished last.
+    assert reasons[other_b.name] == (
+        "starting weights of agent b differ: cccccccccccc vs bbbbbbbbbbbb in the chosen runs"
+    )
+    assert (
+        reasons[changed.name]
+        == "starting weights of agent a changed on resume: aaaaaaaaaaaa then dddddddddddd"
+    )
+    notes = sel.groups.set_index("method")["start_weights"]
+    assert notes["hacpo"] == "same in 3 runs; not recorded in 1 (older run): unchecked"
+    assert notes["gspo"] == "not recorded (older runs)"
+
+
+def test_a_tie_between_starting_weights_goes_to_the_most_recently_finished(tmp_path):
+    first = _run(tmp_path, 0, weights=SAME, finished="2026-01-01T00:00:00+00:00")
+    second = _run(tmp_path, 1, weights={"a": "e" * 64, "b": SAME["b"]}, finished="2026-01-02T00:00:00+00:00")
+    sel = frames.select_runs(tmp_path, current_version=CURRENT)
+    assert sel.runs == [second.resolve()]
+    assert _reasons(sel) == {
+        first.name: "starting weights of agent a differ: aaaaaaaaaaaa vs eeeeeeeeeeee in the chosen runs"
+    }

@@ -39,8 +39,8 @@ def results(tmp_path_factory):
 def test_comparison_csv_has_means_stds_cost_and_time(results):
     _, out, files = results
     assert [f.name for f in files] == [
-        "comparison.csv", "verdicts.csv", "excluded.csv", "tokens_vs_bytes.csv", "curves.csv",
-        "curves_model.svg", "comparison.md",
+        "comparison.csv", "per_seed.csv", "items.csv.gz", "verdicts.csv", "excluded.csv",
+        "tokens_vs_bytes.csv", "curves.csv", "curves_model.svg", "comparison.md",
     ]  # fmt: skip
     table = pd.read_csv(out / "comparison.csv").set_index(["method", "agent"])
     hacpo = table.loc[("hacpo", "a")]
@@ -66,7 +66,9 @@ def test_verdicts_compare_means_and_say_when_within_noise(results):
     v = pd.read_csv(out / "verdicts.csv")
     a_gspo = v[(v["agent"] == "a") & (v["other"] == "gspo") & (v["metric"] == "greedy_acc")].iloc[0]
     assert a_gspo["holds"] and a_gspo["delta"] == pytest.approx(0.05)
-    assert a_gspo["resolved"] == (2 * a_gspo["delta_se"] < 0.05)
+    # Every run kept its per-item results: the test is paired, resolved when its interval excludes 0.
+    assert a_gspo["test"] == "paired" and (a_gspo["paired_seeds"], a_gspo["paired_items"]) == (3, 300)
+    assert a_gspo["resolved"] == (a_gspo["ci_low"] > 0 or a_gspo["ci_high"] < 0)
     b_x2 = v[(v["agent"] == "b") & (v["other"] == "gspo_x2") & (v["metric"] == "greedy_acc")].iloc[0]
     assert not b_x2["holds"] and b_x2["rollout_ratio"] == pytest.approx(0.5)
     assert set(v["claim"]) == {"HACPO ≥ GSPO", "HACPO ≥ GSPO×2"} and set(v["metric"]) == {
@@ -141,3 +143,94 @@ def test_curves_mean_std_over_seeds_per_step_and_figure(results):
     svg = (out / "curves_model.svg").read_text()
     assert svg.startswith("<svg") and "held-out avg@4" in svg
     assert "curves_model.svg" in (out / "comparison.md").read_text()
+
+
+def test_per_seed_file_recomputes_the_comparison_table(results):
+    _, out, _ = results
+    per_seed = pd.read_csv(out / "per_seed.csv")
+    assert list(per_seed.columns) == list(summary.PER_SEED_COLUMNS)
+    # One row per run x agent x metric: 3 seeds x 2 agents x (greedy, avg@4), HACPO (bytes) greedy only.
+    assert len(per_seed) == 3 * 3 * 2 * 2 + 3 * 2 and per_seed["run"].nunique() == 12
+    assert (per_seed["code_version"] == per_seed["code_version"].iloc[0]).all()
+    table = pd.read_csv(out / "comparison.csv").set_index(["experiment", "method", "agent"])
+    for (exp, method, agent), runs in per_seed.groupby(["experiment", "method", "agent"]):
+        row = table.loc[(exp, method, agent)]
+        for metric, prefix in (("greedy_acc", "greedy"), ("avg@4", "avgk")):
+            if metric not in set(runs["metric"]):
+                assert pd.isna(row[f"{prefix}_mean"])
+                continue
+            final = runs.loc[runs["metric"] == metric, "final"]
+            items = runs.loc[runs["metric"] == metric, "items"]
+            assert row[f"{prefix}_mean"] == pytest.approx(final.mean(), abs=1e-6)
+            assert row[f"{prefix}_std"] == pytest.approx(final.std(ddof=1), abs=1e-6)
+            se = math.sqrt(final.var(ddof=1) / len(final) + (final * (1 - final) / items).mean())
+            assert row[f"{prefix}_se"] == pytest.approx(se, abs=1e-6)
+        assert row["n"] == runs["seed"].nunique()
+        # The initial row: each seed's step-0 value (the mean over that seed's runs), then over seeds.
+        greedy = per_seed[(per_seed["experiment"] == exp) & (per_seed["agent"] == agent)]
+        initial = greedy[greedy["metric"] == "greedy_acc"].groupby("seed")["initial"].mean()
+        assert row["initial_greedy_mean"] == pytest.approx(initial.mean(), abs=1e-6)
+
+
+def test_items_file_recomputes_the_verdicts(results):
+    _, out, _ = results
+    items = pd.read_csv(out / "items.csv.gz")
+    assert list(items.columns) == list(summary.ITEMS_FILE_COLUMNS)
+    assert len(items) == 12 * 2 * 100  # run x agent x held-out item, at the final evaluation only
+    per_seed = pd.read_csv(out / "per_seed.csv")
+    greedy = per_seed[per_seed["metric"] == "greedy_acc"].set_index(["run", "agent"])["final"]
+    means = items.groupby(["run", "agent"])["greedy"].mean()
+    assert means.to_dict() == pytest.approx(greedy.to_dict())
+    committed = pd.read_csv(out / "verdicts.csv")
+    again = summary.recompute_verdicts(out)
+    assert list(again.columns) == list(committed.columns)
+    pd.testing.assert_frame_equal(again.reset_index(drop=True), committed, check_dtype=False, atol=1e-6)
+    before = (out / "items.csv.gz").read_bytes()
+    summary.write_summary(results[0], out)
+    assert (out / "items.csv.gz").read_bytes() == before  # the same runs give the same bytes
+
+
+@pytest.fixture(scope="module")
+def with_naive(tmp_path_factory):
+    """HACPO, GSPO and Naive over 3 seeds; Naive made before per-item results were kept; one more HACPO
+    run from other starting weights."""
+    root = tmp_path_factory.mktemp("naive")
+    weights = {"a": "a" * 64, "b": "b" * 64}
+    for seed in (0, 1, 2):
+        write_run(root, algorithm="hacpo", seed=seed, final=(0.50, 0.70), weights=weights)
+        write_run(root, algorithm="gspo", seed=seed, final=(0.50, 0.70), weights=weights)
+        write_run(root, algorithm="naive", seed=seed, final=(0.45, 0.70), per_item=False)
+    write_run(root, algorithm="hacpo", seed=3, final=(0.9, 0.9), weights={**weights, "b": "c" * 64})
+    out = root.parent / "naive-summary"
+    summary.write_summary(root, out)
+    return out
+
+
+def test_naive_is_a_baseline_and_runs_without_items_fall_back_to_unpaired(with_naive):
+    v = pd.read_csv(with_naive / "verdicts.csv").set_index(["agent", "other"])
+    assert set(v["claim"]) == {"HACPO ≥ GSPO", "HACPO ≥ Naive"} and set(v["metric"]) == {"greedy_acc"}
+    same = v.loc[("a", "gspo")]  # identical per-item results: Δ = 0 exactly, never resolved
+    assert same["test"] == "paired" and same["delta"] == 0 and not same["resolved"]
+    assert (same["ci_low"], same["ci_high"], same["p_value"]) == (0, 0, 1)
+    naive = v.loc[("a", "naive")]
+    assert naive["test"] == "unpaired" and naive["delta"] == pytest.approx(0.05)
+    assert naive["ci_low"] == pytest.approx(0.05 - 2 * naive["delta_se"], abs=1e-5)  # CSV: 6 decimals
+    assert naive["resolved"] == (2 * naive["delta_se"] < 0.05)
+    text = (with_naive / "comparison.md").read_text()
+    assert (
+        "- a, greedy: HACPO ≥ Naive on the mean — 0.500 ± 0.000 vs 0.450 ± 0.000 (Δ = +0.050, unpaired"
+        in text
+    )
+    assert "95% CI [+0.000, +0.000], p = 1.000, paired over 3 seeds × 100 items; within noise" in text
+
+
+def test_runs_from_other_starting_weights_are_excluded_and_digests_committed(with_naive):
+    excluded = pd.read_csv(with_naive / "excluded.csv")
+    assert excluded["reason"].tolist() == [
+        "starting weights of agent b differ: cccccccccccc vs bbbbbbbbbbbb in the chosen runs"
+    ]
+    per_seed = pd.read_csv(with_naive / "per_seed.csv", keep_default_na=False)
+    hacpo = per_seed[per_seed["method"] == "hacpo"].set_index(["seed", "agent"])["start_weights"]
+    assert sorted(hacpo.index.get_level_values("seed").unique()) == [0, 1, 2]
+    assert hacpo[(0, "a")] == "a" * 64 and hacpo[(2, "b")] == "b" * 64
+    assert set(per_seed.loc[per_seed["method"] == "naive", "start_weights"]) == {""}  # older runs: unknown

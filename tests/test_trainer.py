@@ -9,10 +9,12 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 import yaml
 
+from workbench.agents.loading import load_agent
 from workbench.config.experiment import ConfigError, from_dict
 from workbench.config.loading import load_experiment
 from workbench.core import losses
@@ -73,6 +75,19 @@ def test_hacpo_run_writes_a_complete_run_directory(tmp_path):
     assert last["cost/gpt2-char/updates"] == 3 * (2 * 4 // 2)
     assert not df["eval/acc/gpt2-char"].dropna().empty
     assert (run_dir / "samples" / "step_000003.jsonl").is_file()
+    # Per-item results of every evaluation (steps 0, 2 and 3; 6 items per agent) agree with evals.csv.
+    items = pd.read_csv(run_dir / "eval_items.csv")
+    assert items.groupby(["step", "agent"]).size().to_dict() == {
+        (s, a): 6 for s in (0, 2, 3) for a in ("gpt2-char", "llama-bpe")
+    }
+    greedy = pd.read_csv(run_dir / "evals.csv").query("metric == 'greedy_acc'")
+    means = items.groupby(["step", "agent"])["greedy"].mean()
+    assert all(means[(r.step, r.agent)] == pytest.approx(r.value) for r in greedy.itertuples())
+    # Each agent's starting weights: the digest of the weights as loaded, not as trained.
+    env = json.loads((run_dir / "environment.json").read_text())
+    assert env["start_weights"] == {
+        a: load_agent(f"tiny:{a}").weights_digest() for a in ("gpt2-char", "llama-bpe")
+    }
     # Rerunning the same config finds the finished run and does nothing.
     assert train(_config(tmp_path)) == run_dir
 

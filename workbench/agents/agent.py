@@ -12,13 +12,34 @@ an on-policy self sample has a sequence ratio of exactly 1 (gradients flow in ev
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import hashlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from workbench.config.agent_spec import AgentSpec
+
+
+def state_digest(state: Mapping[str, Any]) -> str:
+    """sha256 (hex) over a state dict: each entry's name, dtype, shape and raw bytes, in sorted name order.
+
+    Equal for bit-identical weights wherever they sit (CPU or GPU) and whatever the dict's order; any changed
+    bit, dtype or shape changes it. Tensors are copied to the CPU one at a time, so the peak extra memory is
+    the largest tensor. A non-tensor entry (a quantizer's extra state) contributes its type and ``str``.
+    """
+    digest = hashlib.sha256()
+    for name in sorted(state):
+        value = state[name]
+        if torch.is_tensor(value):
+            tensor = value.detach()
+            digest.update(f"{name}\0{tensor.dtype}\0{tuple(tensor.shape)}\0".encode())
+            # Raw bytes through a uint8 view: numpy has no bfloat16, and the view copies nothing.
+            digest.update(tensor.contiguous().reshape(-1).view(torch.uint8).cpu().numpy().data)
+        else:
+            digest.update(f"{name}\0{type(value).__name__}\0{value}\0".encode())
+    return digest.hexdigest()
 
 
 class AgentLoadError(RuntimeError):
@@ -117,6 +138,10 @@ class Agent:
                 raise KeyError(f"agent {self.name!r}: unexpected adapter keys {unexpected[:5]}")
         else:
             self.model.load_state_dict(state, strict=True)
+
+    def weights_digest(self) -> str:
+        """`state_digest` of the model's whole state dict (LoRA adapters included)."""
+        return state_digest(self.model.state_dict())
 
     def reference_model(self) -> Any:
         """The frozen initial model, loaded from ``source`` on first use (full fine-tuning only).

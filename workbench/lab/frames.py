@@ -3,7 +3,8 @@
 `load_runs` (one row per run and step), `load_evals` (``evals.csv`` rows with run ids) and `melt_metric`
 (one key family in long form, its key segments named) read what `workbench.train.rundir.RunWriter` wrote.
 `select_runs` decides which runs are seeds of one another: finished, same resolved config but for the seed,
-same code version; everything else is listed as excluded with its reason, never averaged.
+same code version, same starting weights per agent (`workbench.lab.provenance`); everything else is listed as
+excluded with its reason, never averaged.
 """
 
 from __future__ import annotations
@@ -18,13 +19,14 @@ import pandas as pd
 import yaml
 
 from workbench.core import io as wio
+from workbench.lab.provenance import split_by_start_weights, start_weights
 from workbench.train.environment import code_version
 from workbench.train.rundir import EVAL_COLUMNS, _read_config, config_hash
 
 ID_COLUMNS = ("run", "experiment", "algorithm", "seed", "run_dir")
 EXCLUDED_COLUMNS = ("run_dir", "experiment", "method", "seed", "reason")
 """Columns of `RunSelection.excluded`."""
-GROUP_COLUMNS = ("experiment", "method", "code_version", "runs", "seeds", "chosen_because")
+GROUP_COLUMNS = ("experiment", "method", "code_version", "runs", "seeds", "chosen_because", "start_weights")
 """Columns of `RunSelection.groups`."""
 SEED_KEYS = ("seed", "seeds", "output")
 """Top-level config keys in which seeds of one experiment may differ."""
@@ -262,6 +264,9 @@ def _run_facts(run_dir: Path) -> dict[str, Any]:
         return facts | {"reason": "code version unknown (environment.json lacks code_version: older code)"}
     if len(versions) > 1:
         return facts | {"reason": f"resumed under other code (code versions {sorted(versions)})"}
+    weights, problem = start_weights(env)
+    if problem:
+        return facts | {"reason": problem}
     rest = {k: v for k, v in cfg.items() if k not in SEED_KEYS}
     finished = str((done or {}).get("finished_at") or "")
     mtime = (run_dir / "DONE").stat().st_mtime
@@ -271,6 +276,7 @@ def _run_facts(run_dir: Path) -> dict[str, Any]:
         "config_key": config_hash(rest),
         "code_version": versions.pop(),
         "finished": (finished, mtime),
+        "weights": weights,
     }
 
 
@@ -303,8 +309,10 @@ def select_runs(
     ``seed``, ``seeds`` and ``output.*``, and whose ``code_version`` (``environment.json``) matches. Runs
     without a code version (made before it was recorded) are excluded as unknown. When several groups
     exist, the one made by the current code version is chosen if there is one, else the most recently
-    finished; ``groups`` says which and why. Of two finished runs with the same seed in the chosen group
-    the newer is kept.
+    finished; ``groups`` says which and why. Within it, runs must also share each agent's starting-weights
+    digest (the digests most runs share are kept, `workbench.lab.provenance.split_by_start_weights`); runs
+    made before digests were recorded are kept unchecked, and ``groups.start_weights`` says so. Of two
+    finished runs with the same seed the newer is kept.
 
     Args:
         paths: Run directories and/or folders holding them (as :func:`find_run_dirs`).
@@ -327,8 +335,11 @@ def select_runs(
         for run in runs:
             candidates.setdefault((run["config_key"], run["code_version"]), []).append(run)
         key, why = _choose(candidates, current)
+        same_start, other_start, weights_note = split_by_start_weights(candidates[key])
+        for run, reason in other_start:
+            excluded.append({**{c: run[c] for c in EXCLUDED_COLUMNS[:-1]}, "reason": reason})
         kept: dict[Any, dict] = {}
-        for run in sorted(candidates[key], key=lambda r: r["finished"], reverse=True):
+        for run in sorted(same_start, key=lambda r: r["finished"], reverse=True):
             if run["seed"] in kept:
                 reason = (
                     f"seed {run['seed']} also in {kept[run['seed']]['run_dir'].name} (newer, same config)"
@@ -343,7 +354,7 @@ def select_runs(
                 excluded.append({**{c: run[c] for c in EXCLUDED_COLUMNS[:-1]}, "reason": reason})
         chosen_runs += [r["run_dir"] for r in kept.values()]
         seeds = sorted((s for s in kept if s is not None), key=int)
-        groups.append([experiment, method, key[1], len(kept), seeds, why])
+        groups.append([experiment, method, key[1], len(kept), seeds, why, weights_note])
     excluded_df = pd.DataFrame(excluded, columns=list(EXCLUDED_COLUMNS))
     excluded_df["run_dir"] = excluded_df["run_dir"].astype(str)
     return RunSelection(

@@ -5,22 +5,30 @@
 
 - ``comparison.csv``, one row per pair × method × agent: final held-out greedy and avg@k accuracy (mean,
   std, se, n seeds), the initial accuracy, rollouts generated, responses trained on, wall time;
-- ``verdicts.csv``, per pair × agent × metric × claim: HACPO ≥ GSPO and HACPO ≥ GSPO×2 on the means, Δ, its
-  standard error, the rollout ratio;
+- ``verdicts.csv``, per pair × agent × metric × claim: HACPO ≥ GSPO, ≥ GSPO×2 and ≥ Naive, Δ, its standard
+  error, 95% interval and p-value (a paired test over seeds and items when per-item results exist,
+  `workbench.lab.verdicts`), the rollout ratio;
+- ``per_seed.csv``, one row per run × agent × metric: experiment, method, seed, the initial and final value,
+  held-out items, run id, code version and the agent's starting-weights digest (every mean and std of the
+  other tables can be recomputed from it);
+- ``items.csv.gz``, one row per run × agent × held-out item at the run's final evaluation: greedy
+  correctness and correct samples out of k (what the paired verdicts are computed from, `recompute_verdicts`);
 - ``tokens_vs_bytes.csv`` (when ``hacpo-bytes`` runs exist), per pair × normalization × learner: in-band
   fraction of cross samples and final accuracy;
 - ``excluded.csv``: runs left out and why;
 - ``curves.csv`` and ``curves_<pair>.svg``: learning curves, mean ± std over seeds (`workbench.lab.curves`);
 - ``comparison.md``: all of it as Markdown (:func:`render_results_section`).
 
-Means and stds are over seeds; standard errors as in ``workbench.lab.stats``. A claim "holds" on the means;
-it is called *resolved* only when |Δ| > 2 SE of Δ, otherwise *within noise*: no significance is claimed that
-the seeds do not show. `update_readme` puts :func:`render_results_section` between ``<!-- results:start -->``
-and ``<!-- results:end -->`` of a Markdown file (``make pairs``: ``docs/results.md``).
+Means and stds are over seeds; standard errors as in ``workbench.lab.stats``. A claim "holds" when Δ ≥ 0; it
+is called *resolved* only when the 95% interval of Δ excludes 0, otherwise *within noise*: no significance is
+claimed that the seeds and items do not show (``docs/statistics.md``). `update_readme` puts
+:func:`render_results_section` between ``<!-- results:start -->`` and ``<!-- results:end -->`` of a
+Markdown file (``make pairs``: ``docs/results.md``).
 """
 
 from __future__ import annotations
 
+import gzip
 import logging
 import math
 from collections.abc import Iterable
@@ -29,19 +37,33 @@ from pathlib import Path
 import pandas as pd
 
 from workbench.config.methods import method_label, method_sort_key
-from workbench.core.io import atomic_write_text
+from workbench.core.io import atomic_write_bytes, atomic_write_text
 from workbench.core.paths import PROJECT_ROOT
 from workbench.lab.curves import write_curves
 from workbench.lab.frames import load_evals, load_runs, select_runs
+from workbench.lab.items import final_items, load_eval_items, read_items_csv
+from workbench.lab.provenance import read_environment, start_weights
 from workbench.lab.stats import aggregate, combine, final_and_initial, format_cell
+from workbench.lab.verdicts import verdict_line, verdicts
 
-__all__ = ["render_results_section", "tokens_vs_bytes", "update_readme", "write_summary"]
+__all__ = [
+    "recompute_verdicts",
+    "render_results_section",
+    "tokens_vs_bytes",
+    "update_readme",
+    "write_summary",
+]
 
 log = logging.getLogger(__name__)
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
-CLAIMS = (("gspo", "HACPO ≥ GSPO"), ("gspo_x2", "HACPO ≥ GSPO×2"))
-"""The claims checked per agent: HACPO against each baseline."""
+PER_SEED_COLUMNS = (
+    "experiment", "method", "seed", "agent", "metric", "initial", "final", "items", "run", "code_version",
+    "start_weights",
+)  # fmt: skip
+"""Columns of ``per_seed.csv``."""
+ITEMS_FILE_COLUMNS = ("experiment", "run", "agent", "benchmark", "item", "greedy", "sampled", "k")
+"""Columns of ``items.csv.gz``."""
 
 
 def _metrics(evals: pd.DataFrame) -> tuple[str, str | None]:
@@ -108,37 +130,6 @@ def _prefixed(column: str, prefix: str) -> str:
     return f"{prefix}_{column}" if column in ("mean", "std", "n", "se") else column
 
 
-def _verdicts(table: pd.DataFrame) -> pd.DataFrame:
-    """HACPO against GSPO and GSPO×2 per (experiment, agent, metric), from the means (stds shown)."""
-    rows = []
-    for (exp, agent), group in table.groupby(["experiment", "agent"], sort=False):
-        by_method = group.set_index("method")
-        if "hacpo" not in by_method.index:
-            continue
-        mine = by_method.loc["hacpo"]
-        for baseline, claim in CLAIMS:
-            if baseline not in by_method.index:
-                continue
-            other = by_method.loc[baseline]
-            for metric, prefix in (("greedy_acc", "greedy"), (mine["avgk"], "avgk")):
-                if not metric or f"{prefix}_mean" not in group or pd.isna(mine[f"{prefix}_mean"]):
-                    continue
-                delta = mine[f"{prefix}_mean"] - other[f"{prefix}_mean"]
-                se = math.hypot(mine[f"{prefix}_se"], other[f"{prefix}_se"])
-                ratio = mine["generated"] / other["generated"] if other["generated"] else math.nan
-                rows.append(
-                    {
-                        "experiment": exp, "agent": agent, "metric": metric, "claim": claim,
-                        "hacpo_mean": mine[f"{prefix}_mean"], "hacpo_std": mine[f"{prefix}_std"],
-                        "hacpo_n": mine["n"], "other": baseline, "other_mean": other[f"{prefix}_mean"],
-                        "other_std": other[f"{prefix}_std"], "other_n": other["n"], "delta": delta,
-                        "delta_se": se, "holds": bool(delta >= -1e-9), "resolved": bool(abs(delta) > 2 * se),
-                        "rollout_ratio": ratio,
-                    }
-                )  # fmt: skip
-    return pd.DataFrame(rows)
-
-
 def tokens_vs_bytes(run_dirs: Iterable[Path | str] | Path | str) -> pd.DataFrame:
     """HACPO with token- vs byte-normalized cross ratios, per pair, normalization and learner.
 
@@ -183,9 +174,52 @@ def _in_range_keys(df: pd.DataFrame) -> list[str]:
     ]
 
 
+def _per_seed(evals: pd.DataFrame) -> pd.DataFrame:
+    """One row per run, agent and metric: its step-0 and final values (each the mean over the held-out sets,
+    as `final_and_initial` takes them), held-out items per set, run id, code version, starting weights."""
+    keys = ["experiment", "method", "seed", "agent", "metric", "run", "run_dir"]
+    evals = evals.rename(columns={"algorithm": "method"})
+    per_step = evals.groupby([*keys, "step"], dropna=False)[["value", "items"]].mean().reset_index()
+    last = per_step.groupby(["run_dir", "agent", "metric"])["step"].transform("max")
+    final = per_step[(per_step["step"] == last) & (last > 0)].rename(columns={"value": "final"})
+    initial = per_step.loc[per_step["step"] == 0, ["run_dir", "agent", "metric", "value"]]
+    table = final.merge(
+        initial.rename(columns={"value": "initial"}), how="left", on=["run_dir", "agent", "metric"]
+    )
+    envs = {d: read_environment(d) for d in table["run_dir"].unique()}
+    weights = {d: start_weights(env)[0] or {} for d, env in envs.items()}
+    table["code_version"] = table["run_dir"].map(lambda d: envs[d].get("code_version"))
+    table["start_weights"] = [weights[d].get(a) for d, a in zip(table["run_dir"], table["agent"])]
+    table["items"] = table["items"].round().astype("Int64")
+    seeds = table["seed"].astype("float64").fillna(math.inf)
+    order = sorted(
+        range(len(table)),
+        key=lambda i: (table["experiment"].iat[i], method_sort_key(table["method"].iat[i]), seeds.iat[i]),
+    )
+    return table.iloc[order].reset_index(drop=True)[list(PER_SEED_COLUMNS)]
+
+
+def _final_items(run_dirs: list[Path]) -> pd.DataFrame:
+    """Per-item results at each run's final evaluation, `ITEMS_FILE_COLUMNS` (empty: no run kept them)."""
+    items = final_items(load_eval_items(run_dirs))
+    return items.reindex(columns=list(ITEMS_FILE_COLUMNS))
+
+
+def recompute_verdicts(summary_dir: str | Path) -> pd.DataFrame:
+    """``verdicts.csv`` recomputed from the summary's own files (``comparison.csv``, ``per_seed.csv`` and
+    ``items.csv.gz``): what a reader runs to check the committed verdicts without any run directory."""
+    summary_dir = Path(summary_dir)
+    table = pd.read_csv(summary_dir / "comparison.csv", keep_default_na=False, na_values=[""])
+    per_seed = pd.read_csv(summary_dir / "per_seed.csv", dtype={"experiment": str, "run": str, "agent": str})
+    path = summary_dir / "items.csv.gz"
+    items = read_items_csv(path) if path.is_file() else pd.DataFrame(columns=list(ITEMS_FILE_COLUMNS))
+    return verdicts(table, per_seed, items)
+
+
 def write_summary(run_dirs: Iterable[Path | str] | Path | str, out_dir: str | Path) -> list[Path]:
-    """Write ``comparison.csv``, ``verdicts.csv``, ``excluded.csv``, ``tokens_vs_bytes.csv`` (when such runs
-    exist), the curves and ``comparison.md`` under ``out_dir``; returns the paths written.
+    """Write ``comparison.csv``, ``per_seed.csv``, ``items.csv.gz`` (when runs kept per-item results),
+    ``verdicts.csv``, ``excluded.csv``, ``tokens_vs_bytes.csv`` (when such runs exist), the curves and
+    ``comparison.md`` under ``out_dir``; returns the paths written.
 
     Raises:
         ValueError: No finished run to summarize (the excluded ones are named).
@@ -200,21 +234,27 @@ def write_summary(run_dirs: Iterable[Path | str] | Path | str, out_dir: str | Pa
         )
         raise ValueError(f"no finished run to summarize in {run_dirs}; excluded:\n{reasons}")
     evals, runs = load_evals(selection.runs), load_runs(selection.runs)
-    table = _comparison(evals, runs)
+    table, per_seed, items = _comparison(evals, runs), _per_seed(evals), _final_items(selection.runs)
     files = {
         "comparison.csv": table,
-        "verdicts.csv": _verdicts(table),
+        "per_seed.csv": per_seed,
+        "items.csv.gz": items,
+        "verdicts.csv": verdicts(table, per_seed, items),
         "excluded.csv": selection.excluded,
         "tokens_vs_bytes.csv": tokens_vs_bytes(selection.runs),
     }
     written = []
+    out_dir.mkdir(parents=True, exist_ok=True)
     for name, frame in files.items():
-        if name == "tokens_vs_bytes.csv" and frame.empty:
-            (out_dir / name).unlink(missing_ok=True)  # no bytes runs this time: no stale file either
-            continue
         path = out_dir / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(path, frame.round(6).to_csv(index=False))
+        if name in ("tokens_vs_bytes.csv", "items.csv.gz") and frame.empty:
+            path.unlink(missing_ok=True)  # no such runs this time: no stale file either
+            continue
+        text = frame.round(6).to_csv(index=False)
+        if name.endswith(".gz"):  # mtime 0: the same rows give the same bytes (a stable file in git)
+            atomic_write_bytes(path, gzip.compress(text.encode("utf-8"), mtime=0))
+        else:
+            atomic_write_text(path, text)
         written.append(path)
     written += write_curves(evals, runs, out_dir)
     markdown = out_dir / "comparison.md"
@@ -259,22 +299,6 @@ def _pair_table(group: pd.DataFrame) -> list[str]:
     return lines
 
 
-def _verdict_line(v: pd.Series) -> str:
-    sign = "≥" if v["holds"] else "<"
-    metric = "greedy" if v["metric"] == "greedy_acc" else v["metric"]
-    base = method_label(v["other"])
-    mine = format_cell(v["hacpo_mean"], v["hacpo_std"], int(v["hacpo_n"]))
-    theirs = format_cell(v["other_mean"], v["other_std"], int(v["other_n"]))
-    noise = "resolved: |Δ| > 2 SE" if v["resolved"] else f"within noise: |Δ| ≤ 2 SE = {2 * v['delta_se']:.3f}"
-    if pd.isna(v["delta_se"]):
-        noise = "SE unknown"
-    ratio = "" if pd.isna(v["rollout_ratio"]) else f", at {v['rollout_ratio']:.2f}× {base}'s rollouts"
-    return (
-        f"- {v['agent']}, {metric}: HACPO {sign} {base} on the mean — {mine} vs {theirs} "
-        f"(Δ = {v['delta']:+.3f}, {noise}{ratio})"
-    )
-
-
 def render_results_section(summary_dir: str | Path) -> str:
     """Markdown of the files :func:`write_summary` wrote: per pair a table, the verdicts, tokens vs bytes,
     the excluded runs, and how the numbers are made (the generated section of ``docs/results.md``)."""
@@ -301,7 +325,7 @@ def render_results_section(summary_dir: str | Path) -> str:
             ]
         mine = verdicts[verdicts["experiment"] == exp] if len(verdicts) else verdicts
         if len(mine):
-            lines += ["", *(_verdict_line(v) for _, v in mine.iterrows())]
+            lines += ["", *(verdict_line(v) for _, v in mine.iterrows())]
     bytes_table = _read_optional(summary_dir / "tokens_vs_bytes.csv")
     if len(bytes_table):
         lines += [
@@ -325,9 +349,15 @@ def render_results_section(summary_dir: str | Path) -> str:
         lines.append(f"- `{Path(str(r['run_dir'])).name}` ({r['experiment']}, {r['method']}): {r['reason']}")
     lines += [
         "",
-        "Standard errors: binomial per run on the held-out items (for avg@k an upper bound), combined over "
-        "seeds as sqrt(std²/n + mean se²); a claim is *resolved* only when |Δ| > 2 SE of Δ, with SE of Δ = "
-        "sqrt(SE_HACPO² + SE_other²) (conservative: both are evaluated on the same items).",
+        "How the numbers are made (`docs/statistics.md`): standard errors are binomial per run on the "
+        "held-out items (for avg@k an upper bound), combined over seeds as sqrt(std²/n + mean se²). Each "
+        "claim — HACPO ≥ GSPO, HACPO ≥ GSPO×2 (half of its rollouts), HACPO ≥ Naive (sharing without "
+        "HACPO's corrections) — *holds* when Δ ≥ 0 and is *resolved* only when the 95% interval of Δ "
+        "excludes 0. The test is paired when every run kept its per-item results: runs of two methods with "
+        "the same seed answer the same held-out items, and a bootstrap over seeds, then items, of the "
+        "per-item difference gives the interval and p. Otherwise it is unpaired: Δ ± 2 SE with SE of Δ = "
+        "sqrt(SE_HACPO² + SE_other²). Each run's values are in `per_seed.csv`, the per-item results in "
+        "`items.csv.gz`.",
     ]
     return "\n".join(lines) + "\n"
 

@@ -12,6 +12,11 @@ runs any agent, in any state, on a list of task items through ``workbench.agents
 | ``best@k`` | share of items whose best of the k samples is correct (the paper's AIME best@30): the |
 | | empirical max over the samples actually drawn, so it equals pass@k estimated from exactly k samples |
 
+`EvalResult.item_rows` reduces the samples to one row per agent, benchmark and item: whether the greedy
+response is correct (0/1) and how many of the k sampled responses are (reward > 0.5, as pass@k counts them);
+the trainer keeps these rows in ``eval_items.csv`` of the run directory, for paired tests between methods
+evaluated on the same items (`workbench.lab.stats.paired_bootstrap`).
+
 During training, `held_out_sets` gives the sets the trainer evaluates every ``train.eval_every`` steps: the
 main one (``task.eval_source``; metrics ``eval/acc/<agent>``, ``eval/avg@k/<agent>``) and one per
 ``task.eval_sources`` entry (metrics ``eval/<source>/acc/<agent>``, ``eval/<source>/avg@k/<agent>``, with
@@ -59,6 +64,28 @@ class EvalResult:
     def rows(self) -> list[dict[str, Any]]:
         """Summary rows as dicts, ready for ``RunWriter.append_evals(step, rows)``."""
         return self.summary.to_dict("records")
+
+    def item_rows(self) -> list[dict[str, Any]]:
+        """Per agent, benchmark and item: ``greedy`` (1 when its greedy response is correct, 0 if not, None
+        without greedy responses), ``sampled`` (correct responses of the k sampled, None when k = 0) and
+        ``k``, as plain Python values (they cross process boundaries), ready for
+        ``RunWriter.append_eval_items(step, rows)``."""
+        samples = self.samples.assign(correct=(self.samples["reward"] > 0.5).astype(int))
+        keys = ["agent", "benchmark", "item"]
+        greedy = samples[samples["greedy"]].groupby(keys, sort=False)["correct"].max()
+        sampled = samples[~samples["greedy"]].groupby(keys, sort=False)["correct"].agg(["sum", "size"])
+        rows = []
+        for key in dict.fromkeys([*greedy.index, *sampled.index]):
+            k = int(sampled.at[key, "size"]) if key in sampled.index else 0
+            rows.append(
+                {
+                    **dict(zip(keys, map(str, key))),
+                    "greedy": int(greedy[key]) if key in greedy.index else None,
+                    "sampled": int(sampled.at[key, "sum"]) if k else None,
+                    "k": k,
+                }
+            )
+        return rows
 
 
 def _generate(agent: Any, prompts: list[str], n: int, **kwargs: Any) -> list[Any]:

@@ -166,6 +166,7 @@ def _run_locked(
     writer.write_environment()
     try:
         trainer = Trainer(cfg, run_dir, on_step=on_step)
+        writer.record_start({"start_weights": trainer.start_weights()})
         _check_space(trainer)
         checkpoint = load_latest_checkpoint(run_dir)
         if checkpoint is not None:

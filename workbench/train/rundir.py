@@ -6,9 +6,11 @@ plots, tables and notebooks; metric keys are documented in ``docs/metrics.md``):
 | file | written by | content |
 |---|---|---|
 | ``config.yaml`` | `RunWriter.write_config` (first) | the resolved experiment config |
-| ``environment.json`` | `RunWriter.write_environment` | versions, device, git commit, start, resumes |
+| ``environment.json`` | `RunWriter.write_environment` | versions, CPU, threads, device, git commit, start, |
+| | `RunWriter.record_start` | starting-weights digests; each resume's own entry under ``resumes`` |
 | ``metrics.jsonl`` | `RunWriter.log_metrics` | ``{"step": 3, "<namespaced key>": float, ...}`` per line |
 | ``evals.csv`` | `RunWriter.append_evals` | ``step, agent, benchmark, metric, value`` |
+| ``eval_items.csv`` | `RunWriter.append_eval_items` | ``step, agent, benchmark, item, greedy, sampled, k`` |
 | ``samples/step_000003.jsonl`` | `RunWriter.write_samples` | a sample of rollouts of that step |
 | ``checkpoints/`` | `workbench.train.checkpoint` | ``step_000010/`` dirs + ``latest`` pointer |
 | ``DONE`` | `RunWriter.mark_done` | JSON summary; the run finished |
@@ -16,14 +18,13 @@ plots, tables and notebooks; metric keys are documented in ``docs/metrics.md``):
 
 Every write is atomic (`workbench.core.io`); `create_run_dir` makes the directory exclusively, so two runs
 never share one, and `train` holds the run's lock (`workbench.core.lock`) while it writes, so one run has one
-writer. `workbench.lab.frames` loads run directories into pandas.
+writer. `workbench.lab.frames` loads run directories into pandas. The two evaluation tables are described in
+`workbench.train.evalcsv`.
 """
 
 from __future__ import annotations
 
-import csv
 import hashlib
-import io
 import json
 import logging
 import re
@@ -37,9 +38,11 @@ import yaml
 from workbench.core import io as wio
 from workbench.core.io import to_float, to_jsonable, to_plain
 from workbench.train.environment import collect_environment
+from workbench.train.evalcsv import EVAL_COLUMNS, ITEM_COLUMNS, append_rows, eval_row, item_row, truncate
 
 __all__ = [
     "EVAL_COLUMNS",
+    "ITEM_COLUMNS",
     "PLACEMENT_KEYS",
     "RunWriter",
     "config_hash",
@@ -50,8 +53,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-EVAL_COLUMNS = ("step", "agent", "benchmark", "metric", "value")
-_EVAL_METRIC_RE = re.compile(r"^(greedy_acc|(avg|pass|best)@[1-9][0-9]*)$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 _MAX_TRIES = 100
 
@@ -189,6 +190,7 @@ class RunWriter:
         self.environment_path = self.run_dir / "environment.json"
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self.evals_path = self.run_dir / "evals.csv"
+        self.items_path = self.run_dir / "eval_items.csv"
         self.samples_dir = self.run_dir / "samples"
         self.done_path = self.run_dir / "DONE"
         self._last_seen: tuple[int, int] | None = None  # (last step logged, metrics.jsonl size then)
@@ -237,6 +239,22 @@ class RunWriter:
             doc = env
         wio.atomic_write_json(self.environment_path, doc)
         return env
+
+    def record_start(self, entries: dict[str, Any]) -> None:
+        """Add ``entries`` to this start's record in ``environment.json`` (the last `write_environment`: the
+        top level on a first start, the last ``resumes`` entry on a resume), e.g. the starting-weights
+        digests, known only once the agents are loaded.
+
+        Raises:
+            RuntimeError: `write_environment` was not called first.
+        """
+        if not self.environment_path.exists():
+            raise RuntimeError(f"record_start: write_environment() must be called first in {self.run_dir}")
+        doc = _read_json(self.environment_path)
+        resumes = doc.get("resumes")
+        target = resumes[-1] if isinstance(resumes, list) and resumes else doc
+        target.update(to_jsonable(entries))
+        wio.atomic_write_json(self.environment_path, doc)
 
     def log_metrics(self, step: int, metrics: dict[str, Any]) -> None:
         """Append one line ``{"step": step, **metrics}`` to ``metrics.jsonl``.
@@ -294,14 +312,18 @@ class RunWriter:
         """
         self._require_config("append_evals")
         _step_of(step)
-        old = self.evals_path.read_text(encoding="utf-8") if self.evals_path.exists() else ""
-        buf = io.StringIO()
-        writer = csv.writer(buf, lineterminator="\n")
-        if not old:
-            writer.writerow(EVAL_COLUMNS)
-        for i, row in enumerate(rows):
-            writer.writerow(_eval_row(step, i, row))
-        wio.atomic_write_text(self.evals_path, old + buf.getvalue())
+        append_rows(self.evals_path, EVAL_COLUMNS, step, rows, eval_row)
+
+    def append_eval_items(self, step: int, rows: list[dict[str, Any]]) -> None:
+        """Append per-item rows ``{agent, benchmark, item, greedy, sampled, k}`` at ``step`` to
+        ``eval_items.csv`` (atomic rewrite; `workbench.train.evalcsv` describes the columns).
+
+        Raises:
+            ValueError: A row lacks a field, has a conflicting ``step`` or an out-of-range count.
+        """
+        self._require_config("append_eval_items")
+        _step_of(step)
+        append_rows(self.items_path, ITEM_COLUMNS, step, rows, item_row)
 
     def mark_done(self, summary: dict[str, Any]) -> None:
         """Write the ``DONE`` marker: the summary as JSON plus the finish time."""
@@ -314,7 +336,7 @@ class RunWriter:
         return self.done_path.exists()
 
     def rollback_to(self, step: int) -> dict[str, int]:
-        """Drop everything logged after ``step`` (metrics, evals, samples) and any ``DONE`` marker.
+        """Drop everything logged after ``step`` (metrics, evals, eval items, samples) and ``DONE``.
 
         Called on resume from the checkpoint of ``step``, so the resumed run re-logs those steps exactly
         once; ``step=-1`` drops every logged step (a run killed before its first checkpoint). Temporary files
@@ -322,12 +344,13 @@ class RunWriter:
         owns them). Call it only while holding the run's lock: another writer's temporary files would go.
 
         Returns:
-            Counts of what was dropped: ``metrics``, ``evals``, ``samples``.
+            Counts of what was dropped: ``metrics``, ``evals``, ``eval_items`` (rows), ``samples`` (files).
         """
         _step_of(step, lowest=-1)
         dropped = {
             "metrics": wio.truncate_jsonl(self.metrics_path, lambda r: int(r.get("step", 0)) <= step),
-            "evals": self._truncate_evals(step),
+            "evals": truncate(self.evals_path, step),
+            "eval_items": truncate(self.items_path, step),
             "samples": 0,
         }
         if self.samples_dir.is_dir():
@@ -349,35 +372,6 @@ class RunWriter:
             for path in folder.glob(".*.tmp") if folder.is_dir() else ():
                 logger.info("removing %s, left by an interrupted write", path)
                 path.unlink(missing_ok=True)
-
-    def _truncate_evals(self, step: int) -> int:
-        if not self.evals_path.exists():
-            return 0
-        with open(self.evals_path, newline="", encoding="utf-8") as f:
-            rows = list(csv.reader(f))
-        header, body = rows[:1], rows[1:]
-        kept = [r for r in body if r and int(r[0]) <= step]
-        buf = io.StringIO()
-        csv.writer(buf, lineterminator="\n").writerows(header + kept)
-        wio.atomic_write_text(self.evals_path, buf.getvalue())
-        return len(body) - len(kept)
-
-
-def _eval_row(step: int, index: int, row: dict[str, Any]) -> list[Any]:
-    missing = [c for c in EVAL_COLUMNS[1:] if c not in row]
-    if missing:
-        raise ValueError(
-            f"append_evals: row {index} lacks {missing}; each row needs {list(EVAL_COLUMNS[1:])}"
-        )
-    if "step" in row and row["step"] != step:
-        raise ValueError(f"append_evals: row {index} has step={row['step']!r} but step={step} was passed")
-    metric = str(row["metric"])
-    if not _EVAL_METRIC_RE.match(metric):
-        raise ValueError(
-            f"append_evals: row {index} metric={metric!r}; "
-            "allowed: greedy_acc, avg@k, pass@k, best@k (k >= 1)"
-        )
-    return [step, str(row["agent"]), str(row["benchmark"]), metric, repr(to_float(row["value"], "value"))]
 
 
 def _dumps_line(obj: Any) -> str:

@@ -134,8 +134,13 @@ class Trainer:
         )
 
     # ------------------------------------------------------------------------------------ evaluation
+    def start_weights(self) -> dict[str, str]:
+        """Per agent: the digest of its weights as loaded, before any update (`AgentWorker.start_weights`)."""
+        return dict(zip(self.names, self.executor.each("start_weights", [{} for _ in self.names])))
+
     def evaluate(self) -> dict[str, float]:
-        """Greedy accuracy and sampled avg@k of every agent on every held-out set, appended to ``evals.csv``.
+        """Greedy accuracy and sampled avg@k of every agent on every held-out set, appended to ``evals.csv``
+        (and each item's results to ``eval_items.csv``).
 
         Logs ``eval/acc/<agent>`` (greedy) and ``eval/avg@k/<agent>`` (k = ``train.eval_samples`` responses
         per item at ``train.eval_temperature``, when k > 0) on the main set, and the same under
@@ -144,7 +149,7 @@ class Trainer:
         if not self.held_out:
             return {}
         t, task = self.cfg.train, self.cfg.task
-        metrics, rows = {}, []
+        metrics, rows, item_rows = {}, [], []
         for held_out in self.held_out:
             kwargs = {
                 "items": held_out.items,
@@ -155,15 +160,17 @@ class Trainer:
                 "k": t.eval_samples,
                 "temperature": t.eval_temperature,
             }
-            for name, (agent_rows, values) in zip(
+            for name, (agent_rows, values, agent_items) in zip(
                 self.names, self.executor.each("evaluate", [kwargs] * len(self.names))
             ):
                 rows += agent_rows
+                item_rows += agent_items
                 metrics[f"{held_out.prefix}/acc/{name}"] = values["greedy_acc"]
                 if t.eval_samples:
                     metrics[f"{held_out.prefix}/avg@{t.eval_samples}/{name}"] = values[
                         f"avg@{t.eval_samples}"
                     ]
+        self.writer.append_eval_items(self.step, item_rows)
         self.writer.append_evals(self.step, rows)
         return metrics
 

@@ -7,7 +7,7 @@ worker's four calls, whose arguments and results are text, rewards and scalars (
                                          (old + KL reference log-probs, `score_self`) → SharedRollouts
     update(cross, advantages, ω, step)   build the learner's batch (own token ids + cross text re-encoded),
                                          mini-batch updates → metrics and per-sample ratios
-    evaluate(items)                      greedy accuracy rows
+    evaluate(items)                      greedy accuracy rows and per-item results
     state_dict() / load_state_dict()     adapter or full weights + optimizer state (checkpoints only)
 
 The worker keeps its own rollouts' token ids and `SelfScores` between ``rollout`` and ``update`` of a step, so
@@ -98,6 +98,8 @@ class AgentWorker:
             random.seed(seed)
         self.index, self.names, self.settings = index, names, settings
         self.agent = load_agent(spec)
+        # Digest of the starting weights, before anything can change them (the run's environment record).
+        self._start_digest = self.agent.weights_digest()
         self.optimizer = torch.optim.AdamW(
             self.agent.trainable_parameters(),
             lr=settings.lr,
@@ -111,6 +113,10 @@ class AgentWorker:
     def ready(self) -> str:
         """Where the agent sits (a Ray actor's first answer: loading errors surface here)."""
         return f"{self.agent.name} on {self.agent.device} ({torch.get_num_threads()} threads)"
+
+    def start_weights(self) -> str:
+        """`workbench.agents.agent.state_digest` of the agent's weights as loaded, before any update."""
+        return self._start_digest
 
     # ------------------------------------------------------------------------------------------ step
     def rollout(self, prompts: list[str], *, n: int, seed: int) -> RolloutReport:
@@ -202,11 +208,12 @@ class AgentWorker:
 
     def evaluate(
         self, items: list[TaskItem], *, k: int = 0, **kwargs: Any
-    ) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    ) -> tuple[list[dict[str, Any]], dict[str, float], list[dict[str, Any]]]:
         """Greedy accuracy and, with ``k`` > 0, sampled avg@k (`workbench.train.evaluate.evaluate` keywords).
 
         Returns:
-            The summary rows for ``evals.csv`` and ``{"greedy_acc": ..., "avg@k": ...}``.
+            The summary rows for ``evals.csv``, ``{"greedy_acc": ..., "avg@k": ...}``, and the per-item rows
+            for ``eval_items.csv`` (`workbench.train.evaluate.EvalResult.item_rows`).
         """
         with precision(self.agent):
             result = evaluate(self.agent, items, k=k, greedy=True, agent_name=self.agent.name, **kwargs)
@@ -218,7 +225,7 @@ class AgentWorker:
             else float("nan")
             for metric in wanted
         }
-        return result.rows(), values
+        return result.rows(), values, result.item_rows()
 
     # ----------------------------------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
