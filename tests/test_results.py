@@ -181,7 +181,7 @@ def test_environment_records_cpu_threads_and_each_starts_weights(tmp_path, monke
 
 
 def test_cpu_info_reads_x86_and_arm_cpuinfo():
-    from workbench.train.environment import cpu_info
+    from workbench.core.machine import cpu_info
 
     x86 = "processor\t: 0\nmodel name\t: Xeon X\nflags\t\t: fpu sse4_2 avx2 fma avx512f amx_bf16\n\n"
     x86 += "processor\t: 1\nmodel name\t: other\nflags\t\t: fpu\n"

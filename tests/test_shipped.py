@@ -28,7 +28,7 @@ def test_manifest_lists_every_tiny_preset_and_matches_its_files():
         assert folder == ZOO_ROOT / kind / name
         assert sorted(p.name for p in folder.iterdir()) == sorted(entry["files"]), key
         assert set(entry["card"]) >= CARD_KEYS, key
-        assert {"model", "flags"} <= set(entry["card"]["built_on"]["cpu"])
+        assert {"model", "simd"} <= set(entry["card"]["built_on"]["cpu"])
 
 
 def test_a_changed_or_truncated_file_is_named(tmp_path):

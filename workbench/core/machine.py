@@ -1,8 +1,9 @@
-"""What a computation ran on: CPU model and the SIMD flags that change float kernels, threads, versions.
+"""What a computation ran on: the CPU and its SIMD flags, thread settings, library versions.
 
-Two CPUs that differ in these flags (AVX2 vs AVX-512 vs AMX) run different matmul kernels, so long float
-computations (a warm start of hundreds of steps) end in different weights. Cards of shipped agents and run
-records carry `machine_info` so a reader can tell why two numbers differ.
+Two CPUs that differ in these flags (AVX2 vs AVX-512 vs AMX) run different float kernels, so a long float
+computation (a warm start of hundreds of optimizer steps) ends in different weights. Cards of shipped agents
+(``built_on``) and run records (``environment.json``) carry these facts so a reader can tell why two numbers
+differ. Standard library only (torch is imported where thread counts are asked for).
 """
 
 from __future__ import annotations
@@ -13,45 +14,67 @@ import platform
 from pathlib import Path
 from typing import Any
 
-__all__ = ["KERNEL_FLAGS", "cpu_info", "library_versions", "machine_info"]
+__all__ = [
+    "LIBRARIES",
+    "SIMD_FLAGS",
+    "THREAD_VARIABLES",
+    "cpu_info",
+    "library_versions",
+    "machine_info",
+    "read_cpuinfo",
+    "thread_settings",
+]
 
-KERNEL_FLAGS = (
-    "sse4_2",
-    "avx",
-    "avx2",
-    "fma",
-    "avx512f",
-    "avx512_vnni",
-    "avx512_bf16",
-    "amx_bf16",
-    "amx_tile",
-)
-"""CPU flags (``/proc/cpuinfo`` names) that select different torch/oneDNN kernels."""
+SIMD_FLAGS = (
+    "sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
+    "avx512_fp16", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8", "asimd", "asimdhp", "bf16", "i8mm", "sve",
+    "sve2",
+)  # fmt: skip
+"""CPU flags that change which float kernels torch and oneDNN pick (x86 ``flags``, Arm ``Features``)."""
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MKL_NUM_THREADS")
+"""Environment variables that set or tune the CPU thread pools."""
+LIBRARIES = (
+    "torch", "transformers", "peft", "bitsandbytes", "tokenizers", "safetensors", "numpy", "pandas",
+    "math-verify", "reasoning-gym", "altair", "papermill", "hacpo-workbench",
+)  # fmt: skip
+"""Packages whose versions a record lists."""
 
-LIBRARIES = ("torch", "transformers", "peft", "bitsandbytes", "tokenizers", "safetensors", "numpy")
+
+def read_cpuinfo() -> str | None:
+    """The text of ``/proc/cpuinfo``, or None where there is none (macOS, Windows)."""
+    try:
+        return Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
 
 
-def cpu_info() -> dict[str, Any]:
-    """CPU model name, logical CPU count and which of `KERNEL_FLAGS` it has (Linux; else the platform)."""
-    model, flags = platform.processor() or platform.machine(), set()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        for line in cpuinfo.read_text(errors="replace").splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name" and value.strip():
-                model = value.strip()
-            elif key.strip() == "flags":
-                flags = set(value.split())
+def cpu_info(cpuinfo: str | None) -> dict[str, Any]:
+    """The CPU's model name and which of `SIMD_FLAGS` it has, from the text of ``/proc/cpuinfo``.
+
+    Args:
+        cpuinfo: The file's text (`read_cpuinfo`), or None where there is none: the model is then
+            ``platform.processor()`` and the flags None (unknown).
+
+    Returns:
+        ``{"model": str | None, "logical_cores": int | None, "simd": [flag, ...] | None}``.
+    """
+    fields: dict[str, str] = {}
+    for line in (cpuinfo or "").splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() and key.strip() not in fields:  # the first processor speaks for all
+            fields[key.strip()] = value.strip()
+    model = fields.get("model name") or fields.get("Model") or fields.get("Hardware")
+    flags = fields.get("flags", fields.get("Features"))
     return {
-        "model": model,
-        "logical_cpus": os.cpu_count(),
-        "flags": [flag for flag in KERNEL_FLAGS if flag in flags],
+        "model": model or (None if cpuinfo is not None else platform.processor() or None),
+        "logical_cores": os.cpu_count(),
+        "simd": None if flags is None else [f for f in SIMD_FLAGS if f in set(flags.split())],
     }
 
 
 def library_versions() -> dict[str, str | None]:
-    """Installed versions of the libraries whose kernels or defaults change numbers (None: not installed)."""
-    versions: dict[str, str | None] = {"python": platform.python_version()}
+    """Installed version of each of `LIBRARIES` (None: not installed)."""
+    versions: dict[str, str | None] = {}
     for name in LIBRARIES:
         try:
             versions[name] = importlib.metadata.version(name)
@@ -60,17 +83,21 @@ def library_versions() -> dict[str, str | None]:
     return versions
 
 
+def thread_settings() -> dict[str, Any]:
+    """The environment's thread variables (`THREAD_VARIABLES`)."""
+    return {name: os.environ.get(name) for name in THREAD_VARIABLES}
+
+
 def machine_info() -> dict[str, Any]:
-    """`cpu_info`, torch's thread settings and `library_versions` in one record."""
+    """CPU, torch's thread counts, thread variables and library versions in one record (shipped cards)."""
     import torch
 
     return {
-        "cpu": cpu_info(),
-        "threads": {
-            "torch": torch.get_num_threads(),
-            "torch_interop": torch.get_num_interop_threads(),
-            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
-            "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY"),
-        },
-        "versions": library_versions(),
+        "cpu": cpu_info(read_cpuinfo()),
+        "python": platform.python_version(),
+        "torch_threads": torch.get_num_threads(),
+        "torch_interop_threads": torch.get_num_interop_threads(),
+        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "thread_variables": thread_settings(),
+        "packages": library_versions(),
     }

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.metadata
-import os
 import platform
 import subprocess
 import sys
@@ -26,20 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.agents.zoo import ZOO_VERSION
-
-_ENV_PACKAGES = (
-    "torch", "transformers", "peft", "bitsandbytes", "tokenizers", "safetensors", "numpy", "pandas",
-    "math-verify", "reasoning-gym", "altair", "papermill", "hacpo-workbench",
-)  # fmt: skip
-
-SIMD_FLAGS = (
-    "sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
-    "avx512_fp16", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8", "asimd", "asimdhp", "bf16", "i8mm", "sve",
-    "sve2",
-)  # fmt: skip
-"""CPU flags that change which float kernels torch and oneDNN pick (x86 ``flags``, Arm ``Features``)."""
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MKL_NUM_THREADS")
-"""Environment variables that set or tune the CPU thread pools."""
+from workbench.core.machine import cpu_info, library_versions, read_cpuinfo, thread_settings
 
 
 def _git(*args: str) -> str | None:
@@ -48,37 +33,6 @@ def _git(*args: str) -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip()
-
-
-def cpu_info(cpuinfo: str | None) -> dict[str, Any]:
-    """The CPU's model name and which of `SIMD_FLAGS` it has, from the text of ``/proc/cpuinfo``.
-
-    Args:
-        cpuinfo: The file's text, or None where there is none (macOS, Windows): the model is then
-            ``platform.processor()`` and the flags None (unknown).
-
-    Returns:
-        ``{"model": str | None, "logical_cores": int | None, "simd": [flag, ...] | None}``.
-    """
-    fields: dict[str, str] = {}
-    for line in (cpuinfo or "").splitlines():
-        key, sep, value = line.partition(":")
-        if sep and key.strip() and key.strip() not in fields:  # the first processor speaks for all
-            fields[key.strip()] = value.strip()
-    model = fields.get("model name") or fields.get("Model") or fields.get("Hardware")
-    flags = fields.get("flags", fields.get("Features"))
-    return {
-        "model": model or (None if cpuinfo is not None else platform.processor() or None),
-        "logical_cores": os.cpu_count(),
-        "simd": None if flags is None else [f for f in SIMD_FLAGS if f in set(flags.split())],
-    }
-
-
-def _read_cpuinfo() -> str | None:
-    try:
-        return Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return None
 
 
 def _device_info() -> dict[str, Any]:
@@ -120,12 +74,6 @@ def code_version() -> str:
 def collect_environment() -> dict[str, Any]:
     """Python, platform, package versions, CPU, thread settings, device, git commit (None outside a git
     checkout), code version and start time."""
-    versions: dict[str, str | None] = {}
-    for name in _ENV_PACKAGES:
-        try:
-            versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            versions[name] = None
     status = _git("status", "--porcelain", "--untracked-files=no")
     return {
         "start_time": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -134,9 +82,9 @@ def collect_environment() -> dict[str, Any]:
         "hostname": platform.node(),
         "cwd": str(Path.cwd()),
         "argv": list(sys.argv),
-        "packages": versions,
-        "cpu": cpu_info(_read_cpuinfo()),
-        "thread_variables": {name: os.environ.get(name) for name in THREAD_VARIABLES},
+        "packages": library_versions(),
+        "cpu": cpu_info(read_cpuinfo()),
+        "thread_variables": thread_settings(),
         **_device_info(),
         "code_version": code_version(),
         "git_commit": _git("rev-parse", "HEAD"),
