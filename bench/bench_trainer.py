@@ -56,7 +56,7 @@ def _configs() -> dict[str, tuple[str, dict]]:
         smollm2["agents.1"] = {"name": "llama-bpe", "model": "tiny:llama-bpe"}
     return {
         "quickstart": ("experiments/quickstart.yaml", {"task.eval_size": 0, "train.eval_every": 0}),
-        "smollm2": ("experiments/smollm2_gemma3.yaml", smollm2),
+        "smollm2": ("experiments/real_pair.yaml", smollm2),
     }
 
 

@@ -74,3 +74,11 @@ def smollm2_dir(hacpo_cache):
     from workbench.agents.embedded import ensure_embedded
 
     return ensure_embedded("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def gemma3_dir(hacpo_cache):
+    """The embedded Gemma-3-270M converted into the session cache (≈45 s-2 min, once per session)."""
+    from workbench.agents.embedded import ensure_embedded
+
+    return ensure_embedded("gemma3-270m")

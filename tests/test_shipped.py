@@ -71,3 +71,33 @@ def test_shipped_preset_reproduces_its_card(preset, monkeypatch):
     agent = load_agent(f"tiny:{preset}")
     measured = greedy_accuracy(agent, card["eval_problems"])
     assert measured == pytest.approx(card["initial_greedy_accuracy"], abs=0.005), (preset, measured)
+
+
+def test_warm_starts_stop_mid_curve():
+    """Each shipped warm start's greedy accuracy on 1,000 held-out items lies in [0.30, 0.60]: RL has headroom
+    and a signal (mixed rewards in most groups)."""
+    from workbench.agents.warm import WARM_STARTS
+
+    for name in WARM_STARTS:
+        card = shipped_card("warm", name)
+        if card is None:
+            continue
+        assert card["eval_problems"] == 1000 and 0.30 <= card["initial_greedy_accuracy"] <= 0.60, name
+        assert card["steps"] == WARM_STARTS[name].steps and card["train_seconds"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["smollm2-addsub2", "gemma3-addsub2"])
+def test_shipped_warm_start_reproduces_its_card(name):
+    """The merged warm start answers the first 100 held-out items as its card says (≤ 2 items apart)."""
+    from workbench.agents.loading import load_agent
+    from workbench.agents.warm import WARM_STARTS
+    from workbench.config.agent_spec import AgentSpec
+
+    card = shipped_card("warm", name)
+    if card is None:
+        pytest.skip(f"warm:{name} is not shipped in this checkout")
+    preset = WARM_STARTS[name]
+    agent = load_agent(AgentSpec(model=f"warm:{name}", **preset.agent_fields()))
+    measured = greedy_accuracy(agent, 100, instruction=preset.instruction, knobs=preset.knobs)
+    assert measured == pytest.approx(card["greedy_accuracy_first_100"], abs=0.02), (name, measured)
