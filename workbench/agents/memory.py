@@ -11,7 +11,8 @@ an experiment, and `generation_rows` is what `workbench.agents.rollout.generate`
 
 Activation sizes are counts of what autograd saves per token and layer, measured on CPU with
 ``torch.autograd.graph.saved_tensors_hooks`` for Llama-, Qwen3- and GPT-2-style layers (transformers 5.24,
-sdpa attention): ``6.25·hidden + 4·q_dim + 4·intermediate`` (gated MLP; ``2·intermediate`` otherwise),
+sdpa attention): ``6.25·hidden + 4·q_dim + m·intermediate`` (m = 4 for a gated MLP; 2 for GPT-2's with a
+fused activation, 5 with its default ``gelu_new`` written out in Python ops),
 ``+ 1.25·(q_dim + kv_dim)`` with query/key norms, ``+ 1`` per token of context. With gradient checkpointing a
 layer keeps ``1.25·hidden`` and one layer at a time is recomputed.
 """
@@ -52,15 +53,17 @@ GiB = 1 << 30
 CPU_MAX_ROWS = 256
 """On CPU a generation batch stops at 256 rows (a quickstart step's 32 prompts × G 8): there compute, not
 memory, bounds a batch. CUDA batches are bounded by memory only."""
-CPU_RUNTIME_BYTES = 560 << 20
-"""Resident memory of a CPU process that imported torch, transformers, peft and bitsandbytes and ran a first
-training step of a tiny model (measured by ``bench/bench_memory.py``, Python 3.11, torch 2.13)."""
+CPU_RUNTIME_BYTES = 420 << 20
+"""Resident memory of a CPU process that imported the training stack (torch, transformers, peft,
+bitsandbytes, the grader) and ran one training step of a one-layer model: 419 MiB measured by
+``bench/bench_memory.py`` (``baseline``; Python 3.11, torch 2.13, transformers 5.24)."""
 CUDA_RUNTIME_BYTES = 1 << 30
 """GPU memory outside torch's tensors per process: CUDA context, cuBLAS workspaces, allocator rounding."""
 NF4_BYTES_PER_PARAM = 0.5 + 1 / 64 + 4 / (64 * 256)
 """bitsandbytes nf4 with double quantization: 4 bits, an 8-bit absmax per 64 weights, fp32 per 256 blocks."""
 _QK_NORM = frozenset({"qwen3", "gemma3_text", "gemma3", "olmo2"})
 _NOT_GATED = frozenset({"gpt2"})
+_FUSED_ACTIVATIONS = frozenset({"gelu_pytorch_tanh", "gelu", "relu", "silu", "quick_gelu"})
 
 
 def _config_dict(config: Any) -> dict[str, Any]:
@@ -90,8 +93,8 @@ class ModelDims:
     head_dim: int
     vocab: int
     intermediate: int
-    gated: bool
-    """Gate and up projections (SwiGLU), as in Llama/Qwen; GPT-2's MLP has one."""
+    mlp_saved: int
+    """Intermediate-sized tensors autograd keeps per MLP: 4 gated; GPT-2 2 (fused activation) or 5."""
     qk_norm: bool
     """Per-head norms on queries and keys (Qwen3, Gemma 3)."""
     full_layers: int
@@ -117,7 +120,9 @@ class ModelDims:
             head_dim=int(_first(c, "head_dim", default=hidden // heads)),
             vocab=int(_first(c, "vocab_size")),
             intermediate=int(_first(c, "intermediate_size", "n_inner", default=4 * hidden)),
-            gated=model_type not in _NOT_GATED,
+            mlp_saved=4
+            if model_type not in _NOT_GATED
+            else (2 if c.get("activation_function") in _FUSED_ACTIVATIONS else 5),
             qk_norm=model_type in _QK_NORM,
             full_layers=layers - sliding,
             window=int(c["sliding_window"]) if sliding and c.get("sliding_window") else None,
@@ -141,9 +146,7 @@ class ModelDims:
         """Elements autograd keeps per token for the whole stack (module docstring)."""
         if checkpointing:
             return 1.25 * self.hidden * self.layers
-        per_layer = (
-            6.25 * self.hidden + 4 * self.q_dim + (4 if self.gated else 2) * self.intermediate + context
-        )
+        per_layer = 6.25 * self.hidden + 4 * self.q_dim + self.mlp_saved * self.intermediate + context
         if self.qk_norm:
             per_layer += 1.25 * (self.q_dim + self.kv_dim)
         return per_layer * self.layers
@@ -314,7 +317,7 @@ def training_bytes(
     if act < 4:  # RMSNorm keeps its normalized input in fp32
         kept += 0 if checkpointing else 2 * dims.hidden * (4 - act) * dims.layers * n
     layer = 2 * dims.layer_per_token(tokens) * n * act
-    chunk_rows = max(1, LOGITS_CHUNK_BYTES // (4 * dims.vocab))
+    chunk_rows = min(max(1, LOGITS_CHUNK_BYTES // (4 * dims.vocab)), sequences * response_tokens)
     logits = chunk_rows * dims.vocab * (2 * act + 16) + sequences * response_tokens * dims.hidden * 2 * act
     return int(kept + layer), int(logits)
 
@@ -322,7 +325,7 @@ def training_bytes(
 def scoring_bytes(dims: ModelDims, act: int, sequences: int, tokens: int) -> int:
     """Peak of a no-grad forward (old and reference log-probs): the hidden states and one layer's MLP
     (``3·intermediate + 6·hidden`` per token), and a logits chunk."""
-    chunk_rows = max(1, LOGITS_CHUNK_BYTES // (4 * dims.vocab))
+    chunk_rows = min(max(1, LOGITS_CHUNK_BYTES // (4 * dims.vocab)), sequences * tokens)
     per_token = 3 * dims.intermediate + 6 * dims.hidden
     return int(per_token * sequences * tokens * act + chunk_rows * dims.vocab * (act + 12))
 
