@@ -1,5 +1,5 @@
 """The GPU recipes (``experiments/gpu/*.yaml``) pass their own ``--dry-run``: with local data files, or with
-the ``data`` extra (``datasets``) and a hub; without either, the error names the extra and its install command."""
+the ``data`` extra (``datasets``) and a hub; without either, the error names the extra and its install."""
 
 import logging
 import socket
