@@ -39,8 +39,14 @@ CASES = {
     "quickstart": ("experiments/quickstart.yaml", {}),
     "smollm2-lora": (None, {"agents": [SMOL], "train": SMOL_TRAIN}),
     "smollm2-4bit": (None, {"agents": [SMOL | {"quantization": "4bit"}], "train": SMOL_TRAIN}),
+    "smollm2-lora-mb2": (None, {"agents": [SMOL], "train": SMOL_TRAIN | {"micro_batch_size": 2}}),
+    "smollm2-4bit-mb2": (
+        None,
+        {"agents": [SMOL | {"quantization": "4bit"}], "train": SMOL_TRAIN | {"micro_batch_size": 2}},
+    ),
 }
-"""name -> (experiment YAML or None, changes); SmolLM2 cases: 4 prompts x G 4, 64 new tokens, no eval."""
+"""name -> (experiment YAML or None, changes); SmolLM2 cases: 4 prompts x G 4, 64 new tokens, no eval, 16
+sequences per micro-batch (activations dominate) or 2 (the weights and, for 4-bit, the load dominate)."""
 
 
 def _config(case: str, steps: int, root: str):

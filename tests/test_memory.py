@@ -17,6 +17,7 @@ from workbench.agents.memory import (
     generation_row_bytes,
     generation_rows,
     rows_within,
+    trained_kind,
 )
 from workbench.agents.shapes import REFERENCE_CONFIGS
 from workbench.config.agent_spec import AgentSpec
@@ -93,11 +94,25 @@ def test_agent_memory_follows_the_precision_policy():
     )  # on CPU the 4-bit load goes through the fp32 checkpoint
 
 
-@pytest.mark.parametrize("name", list(TINY))
-def test_saved_activations_match_what_autograd_keeps(name):
-    """The activation model (elements per token and layer) against the bytes autograd saves (within 15%)."""
-    model = _model(name).eval()
-    dims = ModelDims.from_config(TINY[name])
+@pytest.mark.parametrize(
+    ("name", "targets"),
+    [
+        *((name, None) for name in TINY),
+        ("llama", "all-linear"),
+        ("qwen3", ("q_proj", "k_proj", "v_proj", "o_proj")),
+    ],
+)
+def test_saved_activations_match_what_autograd_keeps(name, targets):
+    """The activation model (elements per token and layer) against the bytes autograd saves (within 15%), for
+    full fine-tuning, LoRA on every projection and LoRA on the attention only."""
+    from peft import LoraConfig, get_peft_model
+
+    model = _model(name)
+    spec = AgentSpec("m", lora=None if targets is None else {"r": 8, "target_modules": targets})
+    if targets is not None:
+        model.requires_grad_(False)
+        model = get_peft_model(model, LoraConfig(r=8, target_modules=targets)).get_base_model()
+    dims, trained = ModelDims.from_config(TINY[name]), trained_kind(spec, Inventory.from_config(TINY[name]))
     seen = {}
 
     def pack(t):
@@ -106,12 +121,13 @@ def test_saved_activations_match_what_autograd_keeps(name):
 
     B, T = 4, 48
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model.base_model(
+        model.eval().base_model(
             input_ids=torch.randint(0, 300, (B, T)), attention_mask=torch.ones(B, T, dtype=torch.long)
         )
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     saved = sum(v for k, v in seen.items() if k not in params)
-    assert saved == pytest.approx(dims.saved_per_token(T, checkpointing=False) * B * T * 4, rel=0.15)
+    predicted = dims.saved_per_token(T, checkpointing=False, trained=trained) * B * T * 4
+    assert saved == pytest.approx(predicted, rel=0.15)
 
 
 def test_rows_fill_the_budget_and_stop_at_the_cpu_cap(bpe_agent):

@@ -11,10 +11,12 @@ an experiment, and `generation_rows` is what `workbench.agents.rollout.generate`
 
 Activation sizes are counts of what autograd saves per token and layer, measured on CPU with
 ``torch.autograd.graph.saved_tensors_hooks`` for Llama-, Qwen3- and GPT-2-style layers (transformers 5.24,
-sdpa attention): ``6.25·hidden + 4·q_dim + m·intermediate`` (m = 4 for a gated MLP; 2 for GPT-2's with a
-fused activation, 5 with its default ``gelu_new`` written out in Python ops),
-``+ 1.25·(q_dim + kv_dim)`` with query/key norms, ``+ 1`` per token of context. With gradient checkpointing a
-layer keeps ``1.25·hidden`` and one layer at a time is recomputed.
+sdpa attention): ``h·hidden + 4·q_dim + m·intermediate``, ``+ 1.25·(q_dim + kv_dim)`` with query/key norms,
+``+ 1`` per token of context. What is trained sets h and m (`TRAINED`): every weight 6.5 and m; LoRA adapters
+that reach the MLP 4 and m; adapters on the attention only 3 and m − 1 (a frozen down projection needs no
+saved input). m = 4 for a gated MLP, 2 for GPT-2's with a fused activation, 5 with its default ``gelu_new``
+written out in Python ops. With gradient checkpointing a layer keeps ``1.25·hidden`` and one layer at a time
+is recomputed.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ __all__ = [
     "rows_within",
     "runtime_bytes",
     "scoring_bytes",
+    "trained_kind",
     "training_bytes",
 ]
 
@@ -64,6 +67,9 @@ NF4_BYTES_PER_PARAM = 0.5 + 1 / 64 + 4 / (64 * 256)
 _QK_NORM = frozenset({"qwen3", "gemma3_text", "gemma3", "olmo2"})
 _NOT_GATED = frozenset({"gpt2"})
 _FUSED_ACTIVATIONS = frozenset({"gelu_pytorch_tanh", "gelu", "relu", "silu", "quick_gelu"})
+TRAINED = {"full": (6.5, 0), "lora": (4.0, 0), "lora-attention": (3.0, 1)}
+"""What is trained -> (coefficient of hidden, intermediate-sized tensors not kept) in the activation model:
+every weight, LoRA adapters reaching the MLP, LoRA adapters on the attention only."""
 
 
 def _config_dict(config: Any) -> dict[str, Any]:
@@ -142,18 +148,21 @@ class ModelDims:
         tokens = self.full_layers * context + sliding * min(context, self.window or context)
         return 2 * self.kv_dim * tokens * element_bytes
 
-    def saved_per_token(self, context: int, *, checkpointing: bool) -> float:
-        """Elements autograd keeps per token for the whole stack (module docstring)."""
+    def saved_per_token(self, context: int, *, checkpointing: bool, trained: str = "full") -> float:
+        """Elements autograd keeps per token for the whole stack (module docstring); ``trained`` is a key of
+        `TRAINED`."""
         if checkpointing:
             return 1.25 * self.hidden * self.layers
-        per_layer = 6.25 * self.hidden + 4 * self.q_dim + self.mlp_saved * self.intermediate + context
+        hidden_coef, frozen_mlp = TRAINED[trained]
+        mlp = (self.mlp_saved - frozen_mlp) * self.intermediate
+        per_layer = hidden_coef * self.hidden + 4 * self.q_dim + mlp + context
         if self.qk_norm:
             per_layer += 1.25 * (self.q_dim + self.kv_dim)
         return per_layer * self.layers
 
-    def layer_per_token(self, context: int) -> float:
+    def layer_per_token(self, context: int, trained: str = "full") -> float:
         """Elements one layer keeps per token (what a checkpointed layer recomputes)."""
-        return self.saved_per_token(context, checkpointing=False) / self.layers
+        return self.saved_per_token(context, checkpointing=False, trained=trained) / self.layers
 
 
 @dataclass(frozen=True)
@@ -302,8 +311,29 @@ def generation_row_bytes(
     return kv + prefill + dims.vocab * per_vocab
 
 
+def trained_kind(spec: AgentSpec, inventory: Inventory) -> str:
+    """The key of `TRAINED` for ``spec``: ``full``, or ``lora`` / ``lora-attention`` by where adapters sit.
+
+    A quantized model counts as ``lora``: bitsandbytes' matmul keeps the input of every quantized layer for
+    the backward pass, frozen or not.
+    """
+    if spec.lora is None:
+        return "full"
+    if spec.quantization != "none":
+        return "lora"
+    adapted = inventory.matching(spec.lora.target_modules)
+    return "lora" if any(".mlp." in name for name, *_ in adapted) else "lora-attention"
+
+
 def training_bytes(
-    dims: ModelDims, act: int, sequences: int, tokens: int, response_tokens: int, *, checkpointing: bool
+    dims: ModelDims,
+    act: int,
+    sequences: int,
+    tokens: int,
+    response_tokens: int,
+    *,
+    checkpointing: bool,
+    trained: str = "full",
 ) -> tuple[int, int]:
     """``(activations, logits)`` peak of one micro-batch's forward and backward.
 
@@ -313,10 +343,10 @@ def training_bytes(
     hidden states.
     """
     n = sequences * tokens
-    kept = dims.saved_per_token(tokens, checkpointing=checkpointing) * n * act
+    kept = dims.saved_per_token(tokens, checkpointing=checkpointing, trained=trained) * n * act
     if act < 4:  # RMSNorm keeps its normalized input in fp32
         kept += 0 if checkpointing else 2 * dims.hidden * (4 - act) * dims.layers * n
-    layer = 2 * dims.layer_per_token(tokens) * n * act
+    layer = 2 * dims.layer_per_token(tokens, trained) * n * act
     chunk_rows = min(max(1, LOGITS_CHUNK_BYTES // (4 * dims.vocab)), sequences * response_tokens)
     logits = chunk_rows * dims.vocab * (2 * act + 16) + sequences * response_tokens * dims.hidden * 2 * act
     return int(kept + layer), int(logits)

@@ -31,6 +31,7 @@ from workbench.agents.memory import (
     rows_within,
     runtime_bytes,
     scoring_bytes,
+    trained_kind,
     training_bytes,
 )
 from workbench.agents.shapes import model_config, prompt_tokens
@@ -144,7 +145,10 @@ def _phases(
     greedy = rows_within(budget, greedy_row, max(eval_items, 1), kind)
     sampled = rows_within(budget, sampled_row, max(eval_items * t.eval_samples, 1), kind)
     micro, tokens = t.micro_batch_size, prompt + new
-    acts, logits = training_bytes(dims, act, micro, tokens, new, checkpointing=spec.gradient_checkpointing)
+    trained = trained_kind(spec, Inventory.from_config(facts.config))
+    acts, logits = training_bytes(
+        dims, act, micro, tokens, new, checkpointing=spec.gradient_checkpointing, trained=trained
+    )
     score = scoring_bytes(dims, act, micro, tokens) + mem.dequantize
     phases = {
         "generate": rollout * per_row + mem.dequantize,
