@@ -16,7 +16,7 @@ __all__ = ["REFERENCE_CONFIGS", "model_config", "prompt_tokens"]
 
 _QWEN3 = {
     "model_type": "qwen3", "head_dim": 128, "num_key_value_heads": 8, "vocab_size": 151936,
-    "tie_word_embeddings": True, "max_position_embeddings": 32768,
+    "tie_word_embeddings": True, "max_position_embeddings": 32768, "dtype": "bfloat16",
 }  # fmt: skip
 _QWEN3_1_7B = _QWEN3 | {
     "num_hidden_layers": 28, "hidden_size": 2048, "num_attention_heads": 16, "intermediate_size": 6144,
@@ -33,7 +33,7 @@ REFERENCE_CONFIGS: dict[str, dict[str, Any]] = {
     "meta-llama/Llama-3.2-3B-Instruct": {
         "model_type": "llama", "num_hidden_layers": 28, "hidden_size": 3072, "num_attention_heads": 24,
         "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 8192, "vocab_size": 128256,
-        "tie_word_embeddings": True, "max_position_embeddings": 131072,
+        "tie_word_embeddings": True, "max_position_embeddings": 131072, "dtype": "bfloat16",
     },
     "smollm2-135m-instruct": {
         "model_type": "llama", "num_hidden_layers": 30, "hidden_size": 576, "num_attention_heads": 9,

@@ -26,6 +26,7 @@ from workbench.agents.memory import (
     Inventory,
     ModelDims,
     agent_memory,
+    checkpoint_bytes,
     element_bytes,
     generation_row_bytes,
     rows_within,
@@ -202,15 +203,16 @@ def plan_experiment(cfg: ExperimentConfig, facts: list[AgentFacts]) -> Experimen
     parallel = cfg.executor == "ray"
     inventories = [Inventory.from_config(f.config) for f in facts]
     memories = [
-        agent_memory(spec, inv, f.device_type, kl=cfg.train.kl_coef > 0)
+        agent_memory(
+            spec, inv, f.device_type, kl=cfg.train.kl_coef > 0, checkpoint_bytes=checkpoint_bytes(f.config)
+        )
         for spec, inv, f in zip(cfg.agents, inventories, facts)
     ]
     devices: dict[str, dict[str, int]] = {}
     for f, mem in zip(facts, memories):
-        d = devices.setdefault(f.device, {"total": f.device_memory, "agents": 0, "resident": 0, "load": 0})
+        d = devices.setdefault(f.device, {"total": f.device_memory, "agents": 0, "resident": 0})
         d["agents"] += 1
         d["resident"] += mem.resident
-        d["load"] = max(d["load"], mem.load_extra)
     for name, d in devices.items():
         processes = d["agents"] if parallel else 1
         d["usable"] = int(d["total"] * fraction)
@@ -238,10 +240,26 @@ def plan_experiment(cfg: ExperimentConfig, facts: list[AgentFacts]) -> Experimen
                 f"{cfg.train.micro_batch_size} or set gradient_checkpointing: true"
             )
     for name, d in devices.items():
-        transient = [p.peak for p in plans if p.facts.device == name]
-        steady = d["runtime"] + d["resident"] + (sum(transient) if parallel else max(transient))
-        d["peak"] = max(steady, d["runtime"] + d["resident"] + d["load"])
+        d["peak"] = (
+            d["runtime"]
+            + d["resident"]
+            + _transient_peak([p for p in plans if p.facts.device == name], parallel)
+        )
     return ExperimentPlan(plans, devices, warnings)
+
+
+def _transient_peak(plans: list[AgentPlan], parallel: bool) -> int:
+    """The transient part of a device's peak. CUDA: torch's caching allocator reuses what a phase freed, so
+    the largest phase counts. CPU: freed memory stays in the process (glibc keeps it for reuse but the later
+    phase needs more), so a step's sampling (generation or evaluation) and its scoring or update add up.
+    Agents running at once (Ray) add up."""
+    on_cpu = plans[0].facts.device_type == "cpu"
+    sampling = [max(p.phases["generate"], p.phases["eval"]) for p in plans]
+    training = [max(p.phases["score"], p.phases["update"]) for p in plans]
+    if on_cpu:
+        return sum(sampling) + sum(training) if parallel else max(sampling) + max(training)
+    peaks = [p.peak for p in plans]
+    return sum(peaks) if parallel else max(peaks)
 
 
 def _gib(n: float) -> str:
