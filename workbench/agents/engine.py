@@ -22,9 +22,9 @@ calls `RolloutEngine.sync`: an engine that holds its own copy of the weights (vL
 there. `TransformersEngine` samples with the trained model object itself, so it has nothing to do.
 
 Only `TransformersEngine` ships: a vLLM engine belongs here once a GPU machine can run and verify it.
-transformers' own continuous-batching ``generate_batch`` (transformers 5.24) samples with its own logits
-processors and paged cache, so its draws cannot equal `generate`'s seeded inverse-CDF draws token for token;
-it is not wrapped here.
+transformers' continuous-batching ``generate_batch`` (transformers 5.24) is not wrapped here: it draws with
+``torch.multinomial`` from the global generator in an order its scheduler picks, so its samples cannot equal
+`generate`'s seeded per-row inverse-CDF draws (what the compiled decode is tested against).
 """
 
 from __future__ import annotations
