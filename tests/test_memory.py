@@ -11,7 +11,6 @@ from workbench.__main__ import main
 from workbench.agents.memory import (
     CPU_MAX_ROWS,
     NF4_BYTES_PER_PARAM,
-    Inventory,
     ModelDims,
     agent_memory,
     generation_row_bytes,
@@ -19,7 +18,7 @@ from workbench.agents.memory import (
     rows_within,
     trained_kind,
 )
-from workbench.agents.shapes import REFERENCE_CONFIGS
+from workbench.agents.shapes import REFERENCE_CONFIGS, Inventory
 from workbench.config.agent_spec import AgentSpec
 from workbench.config.experiment import from_dict
 from workbench.config.loading import load_experiment

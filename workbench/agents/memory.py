@@ -21,16 +21,14 @@ is recomputed.
 
 from __future__ import annotations
 
-import functools
-import json
 import os
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from workbench.agents.logprobs import LOGITS_CHUNK_BYTES
+from workbench.agents.shapes import Inventory, config_dict, first_of
 from workbench.config.agent_spec import AgentSpec
 
 __all__ = [
@@ -38,10 +36,8 @@ __all__ = [
     "CPU_RUNTIME_BYTES",
     "CUDA_RUNTIME_BYTES",
     "AgentMemory",
-    "Inventory",
     "ModelDims",
     "agent_memory",
-    "checkpoint_bytes",
     "device_key",
     "device_memory",
     "generation_row_bytes",
@@ -73,21 +69,6 @@ TRAINED = {"full": (6.5, 0), "lora": (4.0, 0), "lora-attention": (3.0, 1)}
 every weight, LoRA adapters reaching the MLP, LoRA adapters on the attention only."""
 
 
-def _config_dict(config: Any) -> dict[str, Any]:
-    data = config.to_dict() if hasattr(config, "to_dict") else dict(config)
-    text = data.get("text_config")
-    return {**data, **text} if isinstance(text, Mapping) else data
-
-
-def _first(data: Mapping[str, Any], *keys: str, default: Any = None) -> Any:
-    for key in keys:
-        if data.get(key) is not None:
-            return data[key]
-    if default is not None:
-        return default
-    raise ValueError(f"model config has none of {list(keys)}: cannot plan its memory")
-
-
 @dataclass(frozen=True)
 class ModelDims:
     """The numbers of a causal LM's config that set its per-token memory."""
@@ -111,11 +92,11 @@ class ModelDims:
     @classmethod
     def from_config(cls, config: Any) -> ModelDims:
         """From a ``PretrainedConfig`` or a ``config.json`` mapping (a nested ``text_config`` is read too)."""
-        c = _config_dict(config)
+        c = config_dict(config)
         model_type = str(c.get("model_type", ""))
-        layers = int(_first(c, "num_hidden_layers", "n_layer"))
-        hidden = int(_first(c, "hidden_size", "n_embd"))
-        heads = int(_first(c, "num_attention_heads", "n_head"))
+        layers = int(first_of(c, "num_hidden_layers", "n_layer"))
+        hidden = int(first_of(c, "hidden_size", "n_embd"))
+        heads = int(first_of(c, "num_attention_heads", "n_head"))
         types = c.get("layer_types") or []
         sliding = sum(t == "sliding_attention" for t in types)
         return cls(
@@ -123,10 +104,10 @@ class ModelDims:
             layers=layers,
             hidden=hidden,
             heads=heads,
-            kv_heads=int(_first(c, "num_key_value_heads", default=heads)),
-            head_dim=int(_first(c, "head_dim", default=hidden // heads)),
-            vocab=int(_first(c, "vocab_size")),
-            intermediate=int(_first(c, "intermediate_size", "n_inner", default=4 * hidden)),
+            kv_heads=int(first_of(c, "num_key_value_heads", default=heads)),
+            head_dim=int(first_of(c, "head_dim", default=hidden // heads)),
+            vocab=int(first_of(c, "vocab_size")),
+            intermediate=int(first_of(c, "intermediate_size", "n_inner", default=4 * hidden)),
             mlp_saved=4
             if model_type not in _NOT_GATED
             else (2 if c.get("activation_function") in _FUSED_ACTIVATIONS else 5),
@@ -164,70 +145,6 @@ class ModelDims:
     def layer_per_token(self, context: int, trained: str = "full") -> float:
         """Elements one layer keeps per token (what a checkpointed layer recomputes)."""
         return self.saved_per_token(context, checkpointing=False, trained=trained) / self.layers
-
-
-@dataclass(frozen=True)
-class Inventory:
-    """Parameter counts of a model config, instantiated on the ``meta`` device (`from_config`)."""
-
-    params: int
-    """Every parameter, tied ones once."""
-    head: int
-    """Parameters of the LM head when it is not tied to the input embeddings (else 0)."""
-    linears: tuple[tuple[str, int, int, bool], ...]
-    """``(name, in, out, is nn.Linear)`` of every projection but the LM head (GPT-2's are ``Conv1D``)."""
-
-    @classmethod
-    def from_config(cls, config: Any) -> Inventory:
-        """Counts the parameters of ``config`` (a ``PretrainedConfig`` or mapping with ``model_type``)."""
-        data = _config_dict(config)
-        data.pop("quantization_config", None)
-        return _inventory(json.dumps(data, sort_keys=True, default=str))
-
-    def matching(self, targets: str | tuple[str, ...]) -> list[tuple[str, int, int, bool]]:
-        """The projections a peft ``target_modules`` selects (``all-linear``, names, or a regex string)."""
-        import re
-
-        if targets == "all-linear":
-            return list(self.linears)
-        if isinstance(targets, str):
-            return [lin for lin in self.linears if re.fullmatch(targets, lin[0])]
-        return [lin for lin in self.linears if any(lin[0] == t or lin[0].endswith(f".{t}") for t in targets)]
-
-    @property
-    def quantizable(self) -> int:
-        """Weights bitsandbytes quantizes: every ``nn.Linear`` but the LM head."""
-        return sum(i * o for _, i, o, linear in self.linears if linear)
-
-    @property
-    def largest_linear(self) -> int:
-        return max((i * o for _, i, o, _ in self.linears), default=0)
-
-
-@functools.lru_cache(maxsize=16)
-def _inventory(config_json: str) -> Inventory:
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    data = json.loads(config_json)
-    config = AutoConfig.for_model(data.pop("model_type"), **data)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    head = model.get_output_embeddings()
-    embedding = model.get_input_embeddings()
-    tied = head is not None and embedding is not None and head.weight is embedding.weight
-    linears = []
-    for name, module in model.named_modules():
-        if module is head:
-            continue
-        if isinstance(module, torch.nn.Linear):
-            linears.append((name, module.in_features, module.out_features, True))
-        elif type(module).__name__ == "Conv1D":  # transformers' GPT-2 projection, weight (in, out)
-            linears.append((name, module.weight.shape[0], module.weight.shape[1], False))
-    return Inventory(
-        params=sum(p.numel() for p in model.parameters()),
-        head=0 if tied or head is None else head.weight.numel(),
-        linears=tuple(linears),
-    )
 
 
 @dataclass(frozen=True)
@@ -375,12 +292,6 @@ def device_memory(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device.index or 0).total_memory
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def checkpoint_bytes(config: Any) -> int:
-    """Bytes per parameter of a model's checkpoint file, from its config's ``dtype`` (4 when unstated)."""
-    name = _config_dict(config).get("dtype") or _config_dict(config).get("torch_dtype") or "float32"
-    return {"float32": 4, "bfloat16": 2, "float16": 2}.get(str(name).removeprefix("torch."), 4)
 
 
 def device_key(device: torch.device) -> str:

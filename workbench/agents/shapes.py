@@ -1,18 +1,28 @@
-"""An agent's model config without its weights, and the longest prompt in its own tokens.
+"""Model shapes without weights: the configs of the recipes' models, and parameter counts of any config.
 
-`model_config` is what ``python -m workbench plan`` plans from: a tiny preset's or a directory's
-``config.json``, a hub id's from the hub or the local cache, else the shape in `REFERENCE_CONFIGS` (the
-models the recipes in ``experiments/gpu/`` name, and the embedded SmolLM2); `bench/gpu_check.py` builds its
-random-weight Qwen3-1.7B stand-in from the same table.
+`REFERENCE_CONFIGS` holds the ``config.json`` numbers of the models the recipes in ``experiments/gpu/`` name
+and of the embedded SmolLM2 (``python -m workbench plan`` uses them where a model's own config is not
+reachable; `bench/gpu_check.py` builds its random-weight Qwen3-1.7B stand-in from them). `Inventory` counts
+the parameters of a config instantiated on the ``meta`` device.
 """
 
 from __future__ import annotations
 
+import functools
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from workbench.config.agent_spec import AgentSpec
+import torch
 
-__all__ = ["REFERENCE_CONFIGS", "model_config", "prompt_tokens"]
+__all__ = [
+    "REFERENCE_CONFIGS",
+    "Inventory",
+    "checkpoint_bytes",
+    "config_dict",
+    "first_of",
+]
 
 _QWEN3 = {
     "model_type": "qwen3", "head_dim": 128, "num_key_value_heads": 8, "vocab_size": 151936,
@@ -45,50 +55,89 @@ REFERENCE_CONFIGS: dict[str, dict[str, Any]] = {
 own config cannot be read here (no hub, not in the cache); random-weight stand-ins are built from them too."""
 
 
-def model_config(spec: AgentSpec) -> tuple[dict[str, Any], str]:
-    """``(config.json as a dict, where it came from)`` of an agent's model, without loading weights.
-
-    Tiny presets and directories are read locally (a preset is built on first use, as training would); a hub
-    id's config comes from the hub or the local cache, else from `REFERENCE_CONFIGS`; embedded models use
-    `REFERENCE_CONFIGS` when they have an entry (no conversion needed).
-
-    Raises:
-        ValueError: No config can be found (the message names the model and what to pass instead).
-    """
-    from transformers import AutoConfig
-
-    from workbench.agents.loading import resolve_model_source
-
-    if spec.model in REFERENCE_CONFIGS and not spec.model.count("/"):
-        return dict(REFERENCE_CONFIGS[spec.model]), "reference shape"
-    source = resolve_model_source(spec.model)
-    try:
-        config = AutoConfig.from_pretrained(source, trust_remote_code=spec.trust_remote_code)
-        return config.to_dict(), source
-    except (OSError, ValueError) as exc:
-        if spec.model in REFERENCE_CONFIGS:
-            return dict(
-                REFERENCE_CONFIGS[spec.model]
-            ), "reference shape (its config.json is not reachable here)"
-        raise ValueError(
-            f"model {spec.model!r}: no config.json reachable here ({exc}); pass a directory holding its "
-            "config.json, or run where the hub or the model's cache is"
-        ) from exc
+def config_dict(config: Any) -> dict[str, Any]:
+    """A config (``PretrainedConfig`` or mapping) as a flat dict; a nested ``text_config`` is merged in."""
+    data = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    text = data.get("text_config")
+    return {**data, **text} if isinstance(text, Mapping) else data
 
 
-def prompt_tokens(spec: AgentSpec, prompts: list[str]) -> tuple[int, str]:
-    """The longest of ``prompts`` in the agent's own prompt format and tokens when its tokenizer is here; else
-    an estimate (3 characters per token, plus 32 tokens of chat template)."""
-    import torch
-    from transformers import AutoTokenizer
+def first_of(data: Mapping[str, Any], *keys: str, default: Any = None) -> Any:
+    """The first of ``keys`` that ``data`` holds (configs name the same number differently), else
+    ``default``; neither raises a `ValueError` naming the keys."""
+    for key in keys:
+        if data.get(key) is not None:
+            return data[key]
+    if default is not None:
+        return default
+    raise ValueError(f"model config has none of {list(keys)}: cannot plan its memory")
 
-    from workbench.agents.agent import Agent
-    from workbench.agents.loading import resolve_model_source
 
-    try:
-        source = resolve_model_source(spec.tokenizer or spec.model)
-        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
-    except Exception:  # any failure means "no local tokenizer": estimate instead
-        return max(len(p) for p in prompts) // 3 + 32, "estimated (no local tokenizer)"
-    agent = Agent(spec.display_name, spec, None, tokenizer, torch.device("cpu"), 0, 0, (0,), 1)
-    return max(len(agent.encode_prompt(p)) for p in prompts), "measured"
+@dataclass(frozen=True)
+class Inventory:
+    """Parameter counts of a model config, instantiated on the ``meta`` device (`from_config`)."""
+
+    params: int
+    """Every parameter, tied ones once."""
+    head: int
+    """Parameters of the LM head when it is not tied to the input embeddings (else 0)."""
+    linears: tuple[tuple[str, int, int, bool], ...]
+    """``(name, in, out, is nn.Linear)`` of every projection but the LM head (GPT-2's are ``Conv1D``)."""
+
+    @classmethod
+    def from_config(cls, config: Any) -> Inventory:
+        """Counts the parameters of ``config`` (a ``PretrainedConfig`` or mapping with ``model_type``)."""
+        data = config_dict(config)
+        data.pop("quantization_config", None)
+        return _inventory(json.dumps(data, sort_keys=True, default=str))
+
+    def matching(self, targets: str | tuple[str, ...]) -> list[tuple[str, int, int, bool]]:
+        """The projections a peft ``target_modules`` selects (``all-linear``, names, or a regex string)."""
+        import re
+
+        if targets == "all-linear":
+            return list(self.linears)
+        if isinstance(targets, str):
+            return [lin for lin in self.linears if re.fullmatch(targets, lin[0])]
+        return [lin for lin in self.linears if any(lin[0] == t or lin[0].endswith(f".{t}") for t in targets)]
+
+    @property
+    def quantizable(self) -> int:
+        """Weights bitsandbytes quantizes: every ``nn.Linear`` but the LM head."""
+        return sum(i * o for _, i, o, linear in self.linears if linear)
+
+    @property
+    def largest_linear(self) -> int:
+        return max((i * o for _, i, o, _ in self.linears), default=0)
+
+
+@functools.lru_cache(maxsize=16)
+def _inventory(config_json: str) -> Inventory:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    data = json.loads(config_json)
+    config = AutoConfig.for_model(data.pop("model_type"), **data)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    head = model.get_output_embeddings()
+    embedding = model.get_input_embeddings()
+    tied = head is not None and embedding is not None and head.weight is embedding.weight
+    linears = []
+    for name, module in model.named_modules():
+        if module is head:
+            continue
+        if isinstance(module, torch.nn.Linear):
+            linears.append((name, module.in_features, module.out_features, True))
+        elif type(module).__name__ == "Conv1D":  # transformers' GPT-2 projection, weight (in, out)
+            linears.append((name, module.weight.shape[0], module.weight.shape[1], False))
+    return Inventory(
+        params=sum(p.numel() for p in model.parameters()),
+        head=0 if tied or head is None else head.weight.numel(),
+        linears=tuple(linears),
+    )
+
+
+def checkpoint_bytes(config: Any) -> int:
+    """Bytes per parameter of a model's checkpoint file, from its config's ``dtype`` (4 when unstated)."""
+    name = config_dict(config).get("dtype") or config_dict(config).get("torch_dtype") or "float32"
+    return {"float32": 4, "bfloat16": 2, "float16": 2}.get(str(name).removeprefix("torch."), 4)

@@ -9,8 +9,9 @@ as its transient budget: all of it with ``executor: local`` (agents run one afte
 with ``executor: ray`` (agents on one device run at once). Generation and evaluation batches hold as many rows
 as that budget allows (`workbench.agents.memory.generation_rows` at run time, with the real prompt lengths).
 
-Times are estimates from three device constants (`SPEEDS`): sustained matmul FLOP/s, memory bandwidth, and the
-cost of one eager op (kernel launch + Python dispatch); a decode step costs the largest of the three.
+Times are estimates for CUDA from three device constants (`SPEEDS`): sustained matmul FLOP/s, memory
+bandwidth, and the cost of one eager op (kernel launch + Python dispatch); a decode step costs the largest.
+None of them is measured on a GPU yet; on CPU the constants are not calibrated and no times are printed.
 """
 
 from __future__ import annotations
@@ -20,13 +21,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from workbench.agents.configs import model_config, prompt_tokens
 from workbench.agents.hf import precision_policy
 from workbench.agents.memory import (
     AgentMemory,
-    Inventory,
     ModelDims,
     agent_memory,
-    checkpoint_bytes,
     element_bytes,
     generation_row_bytes,
     rows_within,
@@ -35,7 +35,7 @@ from workbench.agents.memory import (
     trained_kind,
     training_bytes,
 )
-from workbench.agents.shapes import model_config, prompt_tokens
+from workbench.agents.shapes import Inventory, checkpoint_bytes
 from workbench.config.agent_spec import AgentSpec
 from workbench.config.experiment import ExperimentConfig
 
@@ -60,8 +60,9 @@ SPEEDS = {
     "cpu": Speed(flops=100e9, bandwidth=20e9, op_seconds=10e-6),
     "cuda": Speed(flops=0.4 * 989e12, bandwidth=4.8e12, op_seconds=8e-6),
 }
-"""CPU: 2 cores, fp32 (100 GFLOP/s measured at decode shapes). CUDA: an H200-class GPU, bf16 at 40% of its
-989 TFLOP/s, 4.8 TB/s, ~8 µs per eager op. Estimates, not measurements of a GPU."""
+"""CUDA: an H200-class GPU, bf16 at 40% of its 989 TFLOP/s, 4.8 TB/s, ~8 µs per eager op (assumed, not
+measured). CPU: 2 cores, fp32 matmuls at 100 GFLOP/s; SmolLM2 decodes far below that (its eager ops and LM
+head dominate), so CPU times are not shown."""
 OPS_PER_LAYER = 84
 """Eager ops one Qwen3 decoder layer dispatches per decode step without adapters (counted on CPU with a
 ``TorchDispatchMode``, transformers 5.24); each LoRA-adapted projection adds `OPS_PER_ADAPTER`."""
@@ -313,13 +314,16 @@ def render(plan: ExperimentPlan, cfg: ExperimentConfig) -> str:
         head,
         "|" + "---|" * (head.count("|") - 1),
     ]
+    evaluates = cfg.task.eval_size > 0
     for p in plan.agents:
         m, ph = p.memory, p.phases
+        sampled = p.eval_sampled_rows if t.eval_samples else "—"
+        eval_rows, kv_eval = (f"{p.eval_rows} / {sampled}", _gib(ph["kv_eval"])) if evaluates else ("—", "—")
         lines.append(
             f"| {p.name} | {p.facts.device} | {_gib(m.weights)} | {_gib(m.adapters)} | {_gib(m.optimizer)} "
             f"| {_gib(m.reference)} | {p.rollout_rows} of {p.rollout_needed} | {_gib(ph['kv_rollout'])} "
-            f"| {p.eval_rows} / {p.eval_sampled_rows} | {_gib(ph['kv_eval'])} | {_gib(ph['activations'])} "
-            f"| {_gib(ph['logits'])} | {_gib(m.gradients)} |"
+            f"| {eval_rows} | {kv_eval} | {_gib(ph['activations'])} | {_gib(ph['logits'])} "
+            f"| {_gib(m.gradients)} |"
         )
     lines.append("")
     for name, d in plan.devices.items():
@@ -330,11 +334,12 @@ def render(plan: ExperimentPlan, cfg: ExperimentConfig) -> str:
         )
     for p in plan.agents:
         phases = ", ".join(f"{k} {_gib(p.phases[k])}" for k in ("generate", "eval", "score", "update"))
-        s = p.seconds
-        lines.append(
-            f"- {p.name}: transient peaks {phases}; time per step (estimate) generate "
-            f"{s['generate_s']:.1f} s ({s['decode_tok_s']:.0f} tok/s), score {s['score_s']:.1f} s, update "
-            f"{s['update_s']:.1f} s"
-        )
+        s, times = p.seconds, ""
+        if p.facts.device_type == "cuda":  # the CPU constants are not calibrated: no CPU times are printed
+            times = (
+                f"; time per step (estimate, `SPEEDS`) generate {s['generate_s']:.1f} s "
+                f"({s['decode_tok_s']:.0f} tok/s), score {s['score_s']:.1f} s, update {s['update_s']:.1f} s"
+            )
+        lines.append(f"- {p.name}: transient peaks {phases}{times}")
     lines += [f"- WARNING: {w}" for w in plan.warnings]
     return "\n".join(lines)
