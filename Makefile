@@ -72,9 +72,11 @@ test-browser: $(STAMP)
 	@command -v chromium >/dev/null || { echo "make test-browser needs chromium: apt-get install -y chromium"; exit 2; }
 	$(PY) -m pytest -s -rs tests/test_browser.py
 
-# Every GPU check in one run, written to results/gpu_check/report.md (README "Use a GPU"). It runs on the
-# machine's own CUDA python and never builds the CPU venv (a GPU machine may have no network): the venv's
-# python when it exists (after installing a CUDA torch into it), else python3; override with GPU_PYTHON=...
+# Every GPU check in one run, written to results/gpu_check/report.md (docs/gpu.md): the gpu-marked tests, two
+# HACPO steps of a random-weight Qwen3-1.7B-shaped 4-bit agent at 1,024 new tokens beside the memory plan, and
+# eager vs compiled decode. Not yet run on a GPU. It runs on the machine's own CUDA python and never builds
+# the CPU venv (a GPU machine may have no network): the venv's python when it exists (after installing a CUDA
+# torch into it), else python3; override with GPU_PYTHON=...
 GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
 gpu-check:
 	$(GPU_PYTHON) bench/gpu_check.py --out results/gpu_check
