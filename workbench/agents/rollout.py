@@ -4,8 +4,10 @@
   (`workbench.agents.kvcache`). The prefill runs each distinct prompt once (its n samples share it) and the
   prefix all prompts share (a chat template's system turn) once. Rows that finished are dropped from the batch
   (and its cache) as they finish, so a batch costs what its live rows cost. Tokens are drawn by inverse CDF,
-  one uniform per row and step (same seed, same samples). The prefill, the token draw and the sliced LM head
-  live in `workbench.agents.sampling`; the decode loop is here.
+  one uniform per row and step (same seed, same samples). Batches hold as many rows as the memory budget
+  allows (`workbench.agents.memory.generation_rows`). The prefill, the token draw and the sliced LM head live
+  in `workbench.agents.sampling`, the decode loops (eager, and compiled over a static cache) in
+  `workbench.agents.decode`.
 - `score_rollouts`: the author's old-policy log-likelihood of each response in its own tokenization, at the
   sampling temperature, under no_grad, before any update of the step (spec §3(c), §4 step 3).
 - `token_logprobs` / `sequence_logprobs`: the learner's log-probs with gradient on a `TokenBatch`
@@ -16,7 +18,8 @@ Alignment: ``logp_B_T[b, t]`` is the log-prob of ``input_ids_B_T[b, t + 1]`` giv
 both returned tensors have ``T - 1`` columns (``mask_B_T = response_mask_B_T[:, 1:]``).
 
 Log-probs are those of ``softmax(logits / temperature)``, the distribution the tokens were sampled from before
-top-p (as verl computes them); temperature 0 (greedy) is scored at temperature 1.
+top-p (as verl computes them); temperature 0 (greedy) is scored at temperature 1. They are computed on the
+response positions only, a chunk of tokens at a time (`workbench.agents.logprobs`).
 """
 
 from __future__ import annotations
