@@ -43,6 +43,20 @@ def test_the_compiled_decode_equals_the_eager_one_on_cpu(bpe_agent_dir, monkeypa
     assert agent.model in decode._COMPILED  # the step really went through torch.compile
 
 
-def test_a_cache_with_other_layers_decodes_eagerly():
-    cache = types.SimpleNamespace(layers=[object()])  # e.g. a sliding-window layer
-    assert make_static(cache, torch.tensor([0]), 64) is None
+def test_a_model_with_sliding_window_layers_decodes_eagerly(bpe_agent_dir, tmp_path, caplog):
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(bpe_agent_dir)
+    ids = {"bos_token_id": tokenizer.eos_token_id, "eos_token_id": tokenizer.eos_token_id, "pad_token_id": 0}
+    config = AutoConfig.for_model(
+        "gemma3_text", vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=16, sliding_window=4,
+        layer_types=["sliding_attention", "full_attention"], **ids,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    agent = load_agent({"model": str(tmp_path), "device": "cpu"})
+    assert make_static(types.SimpleNamespace(layers=[object()]), torch.tensor([0]), 64) is None
+    _same(agent, n=2, temperature=1.0, seed=2, max_new_tokens=12)  # falls back to the default loop
+    assert "decoding eagerly" in caplog.text

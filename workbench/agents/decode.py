@@ -152,12 +152,11 @@ def sample_rows(
 ) -> list[tuple[list[int], bool]]:
     """Samples one response per prompt row: the prefill, then `_decode` (or `_decode_static` with
     ``compile_decode``); returns ``(response_ids, finished_with_eos)`` per row."""
+    state = prefill(agent, prompts, max_new_tokens, static=compile_decode)
+    if state.static:
+        return _decode_static(agent, state, temperature, top_p, max_new_tokens, generator)
     if compile_decode:
-        state = prefill(agent, prompts, max_new_tokens, static=True)
-        if state.cache is not None:
-            return _decode_static(agent, state, temperature, top_p, max_new_tokens, generator)
         _warn_not_static(agent)
-    state = prefill(agent, prompts, max_new_tokens)
     with chunked_head(agent.model):
         return _decode(agent, state, temperature, top_p, max_new_tokens, generator)
 

@@ -119,6 +119,8 @@ class Prefilled:
     pos_R: torch.Tensor
     """Position of each row's last token."""
     length: int
+    static: bool = False
+    """The cache is a `workbench.agents.kvcache.make_static` one (else growing, `preallocate`)."""
 
 
 @torch.no_grad()
@@ -132,9 +134,9 @@ def prefill(
     positions continuing from it, and the padding between is masked. The G samples of one prompt share its
     forward pass (``rows_R`` maps each sample to its distinct prompt).
 
-    With ``static`` the cache becomes `workbench.agents.kvcache.make_static` buffers whose capacity is rounded
-    up to a multiple of `STATIC_CAPACITY_STEP` (fewer distinct shapes to compile), and ``Prefilled.cache`` is
-    None when the model's layers do not allow it.
+    With ``static`` the capacity is rounded up to a multiple of `STATIC_CAPACITY_STEP` (fewer distinct shapes
+    to compile) and the cache becomes `workbench.agents.kvcache.make_static` buffers when every layer allows
+    it, else the growing cache (``Prefilled.static`` says which).
     """
     model, device = agent.model, agent.device
     distinct: dict[tuple[int, ...], int] = {}
@@ -165,11 +167,12 @@ def prefill(
         capacity = -(-capacity // STATIC_CAPACITY_STEP) * STATIC_CAPACITY_STEP
     attn_R_C = attn_U_T.new_zeros((len(prompts), capacity))
     attn_R_C[:, :length] = attn_U_T[rows_R]
-    make = make_static if static else preallocate
+    cache = make_static(out.cache, rows_R, capacity) if static else None
     return Prefilled(
-        cache=make(out.cache, rows_R, capacity),
+        cache=cache if cache is not None else preallocate(out.cache, rows_R, capacity),
         logits_R_V=out.logits[:, -1][rows_R],
         attn_R_C=attn_R_C,
         pos_R=pos_U_S[:, -1][rows_R],
         length=length,
+        static=cache is not None,
     )
