@@ -32,10 +32,10 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest
 
-# The pair comparison behind docs/results.md: the state, size and model pairs under HACPO, GSPO, GSPO×2 and
+# The issue-9 comparison behind README's Results: the state, size and model pairs under HACPO, GSPO, GSPO×2 and
 # Naive, plus HACPO with byte-normalized ratios on the model pair, 3 seeds each (experiments/pairs/*.yaml), then
-# the committed summary (results/summary/) and the generated section of docs/results.md. ≈2-3 h on 2 cores;
-# rerunning it resumes or skips finished runs.
+# the committed summary (results/summary/) and README's Results section. ≈2-3 h on 2 cores; rerunning it resumes
+# or skips finished runs.
 PAIR_METHODS ?= hacpo gspo gspo_x2 naive
 pairs: $(STAMP)
 	for pair in model state size; do for method in $(PAIR_METHODS); do \
@@ -43,7 +43,7 @@ pairs: $(STAMP)
 	done; done
 	$(PY) -m workbench run experiments/pairs/model.yaml --set algorithm=hacpo label=hacpo-bytes \
 	  hacpo.ratio_normalization=bytes output.root=results/pairs
-	$(PY) -m workbench summarize results/pairs --readme docs/results.md
+	$(PY) -m workbench summarize results/pairs --readme README.md
 
 lint format: $(STAMP)
 	$(VENV)/bin/ruff format .
@@ -72,9 +72,11 @@ test-browser: $(STAMP)
 	@command -v chromium >/dev/null || { echo "make test-browser needs chromium: apt-get install -y chromium"; exit 2; }
 	$(PY) -m pytest -s -rs tests/test_browser.py
 
-# Every GPU check in one run, written to results/gpu_check/report.md (docs/gpu.md). It runs on the
-# machine's own CUDA python and never builds the CPU venv (a GPU machine may have no network): the venv's
-# python when it exists (after installing a CUDA torch into it), else python3; override with GPU_PYTHON=...
+# Every GPU check in one run, written to results/gpu_check/report.md (docs/gpu.md): the gpu-marked tests, two
+# HACPO steps of a random-weight Qwen3-1.7B-shaped 4-bit agent at 1,024 new tokens beside the memory plan, and
+# eager vs compiled decode. Not yet run on a GPU. It runs on the machine's own CUDA python and never builds
+# the CPU venv (a GPU machine may have no network): the venv's python when it exists (after installing a CUDA
+# torch into it), else python3; override with GPU_PYTHON=...
 GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
 gpu-check:
 	$(GPU_PYTHON) bench/gpu_check.py --out results/gpu_check

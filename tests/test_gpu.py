@@ -1,8 +1,9 @@
-"""Training on a GPU (``gpu`` marker: ``make test`` skips them; ``make gpu-check`` runs them on CUDA).
+"""Training on a device: the same test bodies run on CPU in ``make test`` and on CUDA under the ``gpu`` marker
+(``make gpu-check`` runs them there), so the GPU variants cannot rot unnoticed.
 
 Tiny agents keep these to seconds: one HACPO step with 4-bit QLoRA, one with full fine-tuning (fp32 master
-weights under bf16 autocast, so lr 1e-6 still moves them), agents on CUDA and CPU side by side, and the Ray
-executor placing two agents on one GPU when Ray is installed.
+weights, under bf16 autocast on CUDA, so lr 1e-6 still moves them), agents on the device and on CPU side by
+side, and the Ray executor placing two agents on one device (half a GPU each on CUDA).
 """
 
 import json
@@ -10,7 +11,8 @@ import json
 import pytest
 import torch
 
-from workbench.agents.hf import autocast_dtype
+from workbench.agents.hf import autocast_dtype, precision_policy
+from workbench.config.agent_spec import AgentSpec
 from workbench.config.experiment import from_dict
 from workbench.lab.frames import load_runs
 from workbench.train.checkpoint import load_latest_checkpoint
@@ -18,9 +20,15 @@ from workbench.train.run import train
 from workbench.train.rundir import RunWriter, create_run_dir
 from workbench.train.trainer import Trainer
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=[
+            pytest.mark.gpu,
+            pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+        ],
+    ),
 ]
 
 TRAIN = {
@@ -36,20 +44,32 @@ TRAIN = {
 }
 
 
-def _config(tmp_path, agents, **train_overrides):
+@pytest.fixture
+def parity_reward(tmp_path, monkeypatch):
+    """A reward that half the responses earn (even length), so every step has advantages to train on."""
+    (tmp_path / "parity_reward_gpu.py").write_text(
+        "def even(completion: str, answer: str) -> float:\n    return float(len(completion) % 2 == 0)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "parity_reward_gpu:even"
+
+
+def _config(tmp_path, agents, executor="local", ray=None, reward="math_verify", **train_overrides):
     return from_dict(
         {
             "experiment": "gpu",
             "agents": agents,
             "output": {"root": str(tmp_path)},
             "train": TRAIN | train_overrides,
-            "task": {"train_size": 40, "eval_size": 4},
+            "task": {"train_size": 40, "eval_size": 4, "reward": reward},
+            "executor": executor,
+            **({"ray": ray} if ray else {}),
         }
     )
 
 
-def _agent(name, model, **fields):
-    return {"name": name, "model": model, "device": "cuda"} | fields
+def _agent(name, model, device, **fields):
+    return {"name": name, "model": model, "device": device} | fields
 
 
 def _check_step(run_dir, names):
@@ -62,15 +82,16 @@ def _check_step(run_dir, names):
     return df
 
 
-def test_one_hacpo_step_with_4bit_qlora(tmp_path):
+@pytest.mark.parametrize("device", DEVICES)
+def test_one_hacpo_step_with_4bit_qlora(tmp_path, device, parity_reward):
     lora = {"r": 4, "alpha": 8}
     agents = [
-        _agent("char", "tiny:gpt2-char", quantization="4bit", lora=lora),
-        _agent("bpe", "tiny:llama-bpe", quantization="4bit", lora=lora),
+        _agent("char", "tiny:gpt2-char", device, quantization="4bit", lora=lora),
+        _agent("bpe", "tiny:llama-bpe", device, quantization="4bit", lora=lora, gradient_checkpointing=True),
     ]
-    run_dir = train(_config(tmp_path, agents))
+    run_dir = train(_config(tmp_path, agents, reward=parity_reward))
     _check_step(run_dir, ["char", "bpe"])
-    state = load_latest_checkpoint(run_dir)[1]["agent_0"]
+    state = load_latest_checkpoint(run_dir)[1]["agent_1"]
     assert state and all("lora" in key for key in state)
     assert any("lora_B" in k and v.abs().sum() > 0 for k, v in state.items())  # adapters moved from zero
     digests = json.loads((run_dir / "environment.json").read_text())["start_weights"]
@@ -86,19 +107,24 @@ def test_starting_weights_digest_is_the_same_on_cuda_and_cpu():
     assert on_cuda.weights_digest() == on_cpu.weights_digest()
 
 
-def test_full_finetuning_keeps_fp32_master_weights_and_moves_them_at_lr_1e_6(tmp_path):
-    cfg = _config(tmp_path, [_agent("char", "tiny:gpt2-char"), _agent("bpe", "tiny:llama-bpe")], lr=1e-6)
+@pytest.mark.parametrize("device", DEVICES)
+def test_full_finetuning_keeps_fp32_master_weights_and_moves_them_at_lr_1e_6(tmp_path, device, parity_reward):
+    agents = [_agent("char", "tiny:gpt2-char", device), _agent("bpe", "tiny:llama-bpe", device)]
+    cfg = _config(tmp_path, agents, reward=parity_reward, lr=1e-6)
     run_dir = create_run_dir(tmp_path, cfg.experiment)
     RunWriter(run_dir).write_config(cfg.to_dict())
     trainer = Trainer(cfg, run_dir)
-    agents = [w.agent for w in trainer.executor.workers]
-    for agent in agents:
-        assert agent.device.type == "cuda" and autocast_dtype(agent.spec, agent.device) == torch.bfloat16
+    workers = [w.agent for w in trainer.executor.workers]
+    policy = precision_policy(AgentSpec("m"), device)
+    for agent in workers:
+        assert agent.device.type == device
+        assert autocast_dtype(agent.spec, agent.device) == (torch.bfloat16 if device == "cuda" else None)
         assert all(p.dtype == torch.float32 for p in agent.model.parameters())
-        assert next(agent.reference_model().parameters()).dtype == torch.bfloat16  # frozen: half the memory
-    before = [{n: p.detach().clone() for n, p in a.model.named_parameters()} for a in agents]
+        # the frozen reference: half the memory on CUDA, fp32 on CPU
+        assert next(agent.reference_model().parameters()).dtype == policy.reference
+    before = [{n: p.detach().clone() for n, p in a.model.named_parameters()} for a in workers]
     metrics = trainer.train_step()
-    for agent, start in zip(agents, before):
+    for agent, start in zip(workers, before):
         moved = [(p.detach() != start[n]).float().mean().item() for n, p in agent.model.named_parameters()]
         assert sum(moved) / len(moved) > 0.5, f"{agent.name}: lr 1e-6 updates rounded away"
         # the same update applied to bf16 weights would mostly vanish: the reason for fp32 master weights
@@ -107,21 +133,24 @@ def test_full_finetuning_keeps_fp32_master_weights_and_moves_them_at_lr_1e_6(tmp
             for n, p in agent.model.named_parameters()
         ]
         assert sum(kept) / len(kept) < 0.5
-    assert all(torch.isfinite(torch.tensor(metrics[f"loss/{a.name}"])) for a in agents)
+    assert all(torch.isfinite(torch.tensor(metrics[f"loss/{a.name}"])) for a in workers)
 
 
-def test_agents_on_cuda_and_cpu_train_side_by_side(tmp_path):
-    agents = [_agent("char", "tiny:gpt2-char"), _agent("bpe", "tiny:llama-bpe", device="cpu")]
+@pytest.mark.parametrize("device", DEVICES)
+def test_agents_on_the_device_and_on_cpu_train_side_by_side(tmp_path, device):
+    agents = [_agent("char", "tiny:gpt2-char", device), _agent("bpe", "tiny:llama-bpe", "cpu")]
     run_dir = train(_config(tmp_path, agents))
     _check_step(run_dir, ["char", "bpe"])
 
 
-def test_ray_places_two_agents_on_one_gpu(tmp_path):
+@pytest.mark.slow
+@pytest.mark.parametrize("device", DEVICES)
+def test_ray_places_two_agents_on_one_device(tmp_path, device):
     ray = pytest.importorskip("ray")
-    cfg = _config(tmp_path, [_agent("char", "tiny:gpt2-char"), _agent("bpe", "tiny:llama-bpe")])
-    object.__setattr__(cfg, "executor", "ray")  # until the config has an `executor` field (issue 13)
-    object.__setattr__(cfg, "ray", {"cpus_per_agent": 1, "gpus_per_agent": 0.5})
-    ray.init(num_cpus=2, num_gpus=1, include_dashboard=False)
+    gpus = 0.5 if device == "cuda" else 0
+    agents = [_agent("char", "tiny:gpt2-char", device), _agent("bpe", "tiny:llama-bpe", device)]
+    cfg = _config(tmp_path, agents, "ray", {"cpus_per_agent": 1, "gpus_per_agent": gpus})
+    ray.init(num_cpus=2, num_gpus=1 if device == "cuda" else 0, include_dashboard=False, log_to_driver=False)
     try:
         run_dir = train(cfg)
     finally:

@@ -11,7 +11,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _pyproject_requirements() -> set[str]:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    return set(project["dependencies"]) | set(project["optional-dependencies"]["dev"])
+    extras = project["optional-dependencies"]
+    return set(project["dependencies"]) | set(extras["dev"]) | set(extras["data"])
 
 
 def test_environment_yml_matches_pyproject():

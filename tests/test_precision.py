@@ -1,11 +1,19 @@
-"""The precision policy (``workbench.agents.hf``): no trained weight in bf16, decided by pure functions."""
+"""The precision policy (``workbench.agents.hf``): no trained weight in bf16, decided by pure functions of
+(spec, device type), so a CPU test loads a tiny model with the CUDA policy and checks every kind of module."""
 
 import logging
 
 import pytest
 import torch
 
-from workbench.agents.hf import autocast_dtype, precision, resolve_dtype
+from workbench.agents.hf import (
+    Precision,
+    autocast_dtype,
+    build_model,
+    precision,
+    precision_policy,
+    resolve_dtype,
+)
 from workbench.agents.loading import load_agent
 from workbench.config.agent_spec import AgentSpec
 
@@ -45,3 +53,58 @@ def test_precision_context_autocasts_a_full_finetune_on_cuda(char_agent_dir):
     assert next(agent.model.parameters()).dtype == torch.float32
     with precision(agent):
         assert torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda") == torch.bfloat16
+
+
+def test_the_policy_is_a_pure_function_of_spec_and_device_type():
+    lora, q4 = AgentSpec("m", lora={"r": 4}), AgentSpec("m", lora={"r": 4}, quantization="4bit")
+    full = AgentSpec("m")
+    bf16, fp32 = torch.bfloat16, torch.float32
+    assert precision_policy(q4, "cuda") == Precision(
+        weights=bf16, compute=bf16, autocast=None, reference=bf16
+    )
+    assert precision_policy(lora, "cuda").activations == bf16
+    assert precision_policy(full, "cuda") == Precision(
+        weights=fp32, compute=bf16, autocast=bf16, reference=bf16
+    )
+    for spec in (q4, lora, full):  # CPU: fp32 everywhere
+        assert precision_policy(spec, "cpu") == Precision(fp32, fp32, None, fp32)
+    explicit = AgentSpec("m", lora={"r": 4}, quantization="4bit", compute_dtype="float32")
+    assert precision_policy(explicit, "cuda").compute == fp32
+
+
+def _dtypes(model) -> dict[str, set[str]]:
+    """dtype of each kind of module after loading: embeddings, norms, LM head, LoRA A/B, 4-bit layers."""
+    head = model.get_output_embeddings()
+    kinds: dict[str, set[str]] = {}
+    for name, module in model.named_modules():
+        kind = type(module).__name__
+        if module is head:
+            kind = "lm_head"
+        elif name.endswith(("lora_A.default", "lora_B.default")):
+            kind = name.rsplit(".", 2)[-2]
+        for param in module.parameters(recurse=False):
+            kinds.setdefault(kind, set()).add(str(param.dtype).removeprefix("torch."))
+        if hasattr(module, "compute_dtype"):
+            kinds.setdefault(f"{kind}.compute_dtype", set()).add(
+                str(module.compute_dtype).removeprefix("torch.")
+            )
+    return kinds
+
+
+def test_4bit_qlora_under_the_cuda_policy_keeps_bf16_compute_and_fp32_adapters(bpe_agent_dir):
+    spec = AgentSpec(str(bpe_agent_dir), lora={"r": 4}, quantization="4bit", gradient_checkpointing=True)
+    model = build_model(spec, str(bpe_agent_dir), CPU, precision_policy(spec, "cuda"))  # the GPU's dtypes
+    kinds = _dtypes(model)
+    assert kinds["Embedding"] == {"bfloat16"} and kinds["lm_head"] == {"bfloat16"}  # not upcast to fp32
+    assert kinds["LlamaRMSNorm"] == {"bfloat16"}
+    assert kinds["Linear4bit"] == {"uint8"} and kinds["Linear4bit.compute_dtype"] == {"bfloat16"}
+    assert kinds["lora_A"] == kinds["lora_B"] == {"float32"}
+    ids_B_T = torch.tensor([[5, 6, 7, 8]])
+    # input gradients are enabled for non-reentrant checkpointing (as TRL does), and the residual stream,
+    # hence the KV cache and the logits, stays bf16
+    assert model.get_input_embeddings()(ids_B_T).requires_grad
+    assert model(input_ids=ids_B_T).logits.dtype == torch.bfloat16
+    # on CPU the same spec stays fp32 (the house rule)
+    cpu = _dtypes(build_model(spec, str(bpe_agent_dir), CPU))
+    assert cpu["Embedding"] == cpu["LlamaRMSNorm"] == cpu["lm_head"] == {"float32"}
+    assert cpu["Linear4bit.compute_dtype"] == {"float32"}

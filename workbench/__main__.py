@@ -1,8 +1,10 @@
-"""Command line: ``python -m workbench {run,demo,reproduce,eval,export,summarize}``.
+"""Command line: ``python -m workbench {run,plan,demo,reproduce,eval,export,summarize}``.
 
 - ``run EXPERIMENT.yaml [--set key=value ...] [--seeds 0,1,2] [--dry-run]``: train one experiment, one run
   directory per seed (a matching unfinished run resumes); ``--dry-run`` checks it and prints the resolved
   config without loading a model.
+- ``plan EXPERIMENT.yaml [--device cuda|cpu] [--memory 80GiB]``: per agent the bytes of weights, adapters,
+  optimizer state, KV cache, activations and logits, and the batch sizes the trainer will pick.
 - ``demo [--seeds ...]``: the main job — the quickstart notebook (HACPO vs GSPO), then a table.
 - ``reproduce [--smoke] [--only NAME ...] [--seeds ...]``: re-execute every benchmark/ablation notebook.
 - ``eval TARGET``: a run's trained agents (or a model) on benchmarks and task sources: avg@k, pass@k, best@k.
@@ -21,6 +23,7 @@ import argparse
 import dataclasses
 import logging
 import os
+import re
 import signal
 import sys
 import time
@@ -83,6 +86,45 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 reuse_other_code=args.reuse_other_code,
             )
         log.info("run directory (seed %d): %s", seed_cfg.seed, run_dir)
+    return 0
+
+
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*(GiB|GB|MiB|MB|G|M)?", re.IGNORECASE)
+_UNITS = {"gib": 2**30, "g": 2**30, "gb": 10**9, "mib": 2**20, "m": 2**20, "mb": 10**6}
+
+
+def _size(text: str) -> int:
+    """``80GiB`` / ``80G`` → bytes (GiB, MiB; GB and MB are powers of ten; a bare number is GiB)."""
+    match = _SIZE.fullmatch(text.strip())
+    if not match:
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed: a size such as 80GiB, 24GB or 512MiB")
+    return int(float(match.group(1)) * _UNITS[(match.group(2) or "gib").lower()])
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from workbench.config.checks import ConfigError
+    from workbench.config.loading import load_experiment
+    from workbench.core.paths import project_path
+    from workbench.tasks.prompts import build_prompt
+    from workbench.tasks.sources import load_tasks
+    from workbench.train.plan import facts_from_config, plan_experiment, render
+
+    cfg = load_experiment(project_path(args.experiment), args.set)
+    try:
+        items = load_tasks(cfg.task.source, split="train", n=64, seed=cfg.seed, **cfg.task.knobs)
+        prompts = [build_prompt(item.question, cfg.task.instruction) for item in items]
+        where = f"the longest of 64 {cfg.task.source!r} training prompts"
+    except (FileNotFoundError, ValueError) as exc:
+        prompts = ["x" * args.prompt_chars]
+        where = f"{args.prompt_chars} characters assumed ({cfg.task.source!r} is not readable here: {exc})"
+    try:
+        facts, notes = facts_from_config(cfg, prompts, device=args.device, memory=args.memory)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    log.info("%s\n", render(plan_experiment(cfg, facts), cfg))
+    log.info("prompts: %s", where)
+    for note in notes:
+        log.info("- %s", note)
     return 0
 
 
@@ -242,6 +284,15 @@ def _parser() -> argparse.ArgumentParser:
         "--dry-run", action="store_true", help="check and print the resolved config; no training"
     )
     run.set_defaults(func=_cmd_run)
+    plan = sub.add_parser("plan", help="memory and time plan of an experiment (no weights are loaded)")
+    plan.add_argument("experiment", help="path of an experiment YAML")
+    plan.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE", help="overrides")
+    plan.add_argument("--device", choices=["cuda", "cpu"], help="plan every agent on this device type")
+    plan.add_argument("--memory", type=_size, help="memory of each device, e.g. 80GiB (default: this one's)")
+    plan.add_argument(
+        "--prompt-chars", type=int, default=600, help="prompt length assumed when the task is not readable"
+    )
+    plan.set_defaults(func=_cmd_plan)
     demo = sub.add_parser("demo", help="the main job: quickstart notebook, HACPO vs GSPO on tiny agents")
     demo.add_argument("--smoke", action="store_true", help="a few steps only (seconds, for CI)")
     demo.add_argument("--seeds", **{**seeds, "help": "training seeds (default 0: a smoke test)"})

@@ -22,6 +22,9 @@ calls `RolloutEngine.sync`: an engine that holds its own copy of the weights (vL
 there. `TransformersEngine` samples with the trained model object itself, so it has nothing to do.
 
 Only `TransformersEngine` ships: a vLLM engine belongs here once a GPU machine can run and verify it.
+transformers' continuous-batching ``generate_batch`` (transformers 5.24) is not wrapped here: it draws with
+``torch.multinomial`` from the global generator in an order its scheduler picks, so its samples cannot equal
+`generate`'s seeded per-row inverse-CDF draws (what the compiled decode is tested against).
 """
 
 from __future__ import annotations
@@ -63,6 +66,10 @@ class TransformersEngine:
     """The built-in engine: `workbench.agents.rollout.generate` on the trained model itself (KV cache)."""
 
     agent: Agent
+    compile_decode: bool = False
+    """Decode under ``torch.compile`` over a static KV cache (`workbench.agents.rollout.generate`)."""
+    memory_budget: int | None = None
+    """Bytes a batch may use (the trainer's memory plan, `workbench.train.plan`); None = the agent alone."""
 
     def generate(
         self,
@@ -85,6 +92,8 @@ class TransformersEngine:
             max_new_tokens=max_new_tokens,
             author=author,
             seed=seed,
+            memory_budget=self.memory_budget,
+            compile_decode=self.compile_decode,
         )
 
     def sync(self) -> None:

@@ -4,20 +4,26 @@ The spec → ``LoraConfig`` / ``BitsAndBytesConfig`` translations are tiny pure 
 imported inside them, so importing this module stays cheap. `workbench.agents.loading.load_agent` resolves
 model strings (tiny presets, embedded models, paths, hub ids) and calls `build_agent`.
 
-Precision policy (``dtype: auto``, the default):
+Precision policy (``dtype: auto``, the default; `precision_policy` decides it from the spec and the device
+type alone, so a CPU test can apply the CUDA policy to a tiny model):
 
 | agent | weights | forward / backward | optimizer state |
 |---|---|---|---|
 | CPU, any | float32 | float32 (bf16 matmuls are ~20x slower on AVX2 CPUs) | float32 |
 | CUDA, full fine-tuning | float32 master weights | bf16 autocast (`precision`) | float32 |
 | CUDA, LoRA | bf16 base (frozen) | bf16 | float32 adapters (peft keeps adapters in fp32) |
-| CUDA, 4/8-bit LoRA | quantized base, bf16 compute | bf16 | float32 adapters |
+| CUDA, 4/8-bit LoRA | quantized linear layers, bf16 embeddings, norms and LM head | bf16 | float32 adapters |
 
 So no trained weight is ever stored in bf16: at the paper's lr 1e-6, an AdamW step on a bf16 weight is below
 bf16's resolution (2^-8 relative) and would round away. An explicit ``dtype: bfloat16`` / ``float16`` for full
 fine-tuning is honoured with a warning. The full fine-tuning KL reference is frozen, so on CUDA it is loaded
 in bf16 (half the memory). Whoever runs an agent's forward passes (the trainer's workers) enters
 `precision(agent)`.
+
+Quantized agents are not passed through peft's ``prepare_model_for_kbit_training``: it upcasts embeddings,
+norms and the LM head to fp32, so the residual stream, the KV cache and the full-vocabulary logits would run
+in fp32 (TRL dropped it for the same reason). Gradient checkpointing is switched on as TRL does it:
+non-reentrant checkpoints, with input gradients enabled.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,11 +44,14 @@ from workbench.core import env
 
 __all__ = [
     "DEFAULT_MAX_NEW_TOKENS",
+    "Precision",
     "autocast_dtype",
     "bnb_config",
     "build_agent",
+    "build_model",
     "lora_config",
     "precision",
+    "precision_policy",
     "resolve_device",
     "resolve_dtype",
 ]
@@ -91,12 +101,64 @@ def _load_tokenizer(spec: AgentSpec, tok_source: str) -> Any:
     return tokenizer
 
 
-def _load_model(spec: AgentSpec, source: str, device: torch.device) -> Any:
+@dataclass(frozen=True)
+class Precision:
+    """The dtypes of one agent (`precision_policy`)."""
+
+    weights: torch.dtype
+    """Unquantized weights as loaded: embeddings, norms, LM head, and every layer when not quantized."""
+    compute: torch.dtype
+    """bitsandbytes compute dtype of the quantized linear layers."""
+    autocast: torch.dtype | None
+    """Autocast dtype of every forward pass (`precision`); None = none."""
+    reference: torch.dtype
+    """Weights of the frozen KL reference of a full fine-tune."""
+    adapters: torch.dtype = torch.float32
+    """LoRA adapters (peft upcasts them to fp32 on a bf16 base)."""
+
+    @property
+    def activations(self) -> torch.dtype:
+        """The dtype of hidden states, KV cache and logits (the planner's per-token sizes)."""
+        return self.autocast or self.weights
+
+
+def precision_policy(spec: AgentSpec, device_type: str) -> Precision:
+    """The precision of an agent as a pure function of its spec and the device type (``cpu``, ``cuda``).
+
+    See the module docstring for the table; an explicit ``dtype`` / ``compute_dtype`` is honoured.
+    """
+    device = torch.device(device_type)
+    full_finetune = spec.lora is None
+    weights = resolve_dtype(spec.dtype, device, full_finetune=full_finetune)
+    autocast = autocast_dtype(spec, device)
+    return Precision(
+        weights=weights,
+        compute=resolve_dtype(spec.compute_dtype, device),
+        autocast=autocast,
+        reference=torch.bfloat16 if autocast is not None else weights,
+    )
+
+
+def _quantized_layers(model: Any) -> int:
+    return sum("Linear4bit" in type(m).__name__ or "Linear8bit" in type(m).__name__ for m in model.modules())
+
+
+def build_model(spec: AgentSpec, source: str, device: Any, policy: Precision | None = None) -> Any:
+    """Loads the model of ``spec`` from ``source`` onto ``device`` with ``policy`` (+ LoRA, + 4/8-bit), in
+    eval mode.
+
+    Args:
+        spec: The agent spec.
+        source: A model directory or hub id (already resolved).
+        device: A ``torch.device``.
+        policy: The dtypes; None = `precision_policy` of ``device``'s type. A CPU test passes the CUDA policy
+            to check the dtypes a GPU would get.
+    """
     from transformers import AutoModelForCausalLM
 
-    full_finetune = spec.lora is None
-    kwargs: dict[str, Any] = {"dtype": resolve_dtype(spec.dtype, device, full_finetune=full_finetune)}
-    quant = bnb_config(spec.quantization, resolve_dtype(spec.compute_dtype, device))
+    policy = policy or precision_policy(spec, device.type)
+    kwargs: dict[str, Any] = {"dtype": policy.weights}
+    quant = bnb_config(spec.quantization, policy.compute)
     if quant is not None:
         if spec.quantization == "8bit":
             _quiet_8bit_casts()
@@ -111,22 +173,18 @@ def _load_model(spec: AgentSpec, source: str, device: torch.device) -> Any:
         for module in model.modules():
             if hasattr(module, "support_avx512bf16_for_cpu"):
                 module.support_avx512bf16_for_cpu = False
-    if spec.quantization != "none":
-        from peft import prepare_model_for_kbit_training
-
-        if not any(
-            "Linear4bit" in type(m).__name__ or "Linear8bit" in type(m).__name__ for m in model.modules()
-        ):
-            logger.warning(
-                "quantization=%s: no layer of %s was quantized (bitsandbytes replaces linear layers only), "
-                "so the model stays in full precision",
-                spec.quantization, source,
-            )  # fmt: skip
-
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=spec.gradient_checkpointing)
-    elif spec.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+    if spec.quantization != "none" and not _quantized_layers(model):
+        logger.warning(
+            "quantization=%s: no layer of %s was quantized (bitsandbytes replaces linear layers only), "
+            "so the model stays in full precision",
+            spec.quantization, source,
+        )  # fmt: skip
+    if spec.lora is not None:
+        model.requires_grad_(False)  # the base is frozen; peft adds the trainable adapters below
     if spec.gradient_checkpointing:
+        # transformers 5's name for gradient_checkpointing_enable(gradient_checkpointing_kwargs=...)
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        model.enable_input_require_grads()
         # Checkpointing only acts in train mode, so train() is used for gradient passes; dropout must then be
         # off to keep the scored and trained functions identical.
         for module in model.modules():
@@ -232,9 +290,10 @@ def build_agent(spec: AgentSpec, source: str, tokenizer_source: str | None = Non
             spec.display_name, spec.dtype, spec.dtype,
         )  # fmt: skip
     tokenizer = _load_tokenizer(spec, tokenizer_source or source)
-    model = _load_model(spec, source, device)
+    policy = precision_policy(spec, device.type)
+    model = build_model(spec, source, device, policy)
     # the frozen KL reference of a full fine-tune never trains: on CUDA it can hold bf16 weights
-    ref_spec = dataclasses.replace(spec, dtype="bfloat16") if autocast_dtype(spec, device) else spec
+    reference = dataclasses.replace(policy, weights=policy.reference, autocast=None)
     gen_cap = getattr(getattr(model, "generation_config", None), "max_new_tokens", None)
     agent = Agent(
         name=spec.display_name,
@@ -247,7 +306,7 @@ def build_agent(spec: AgentSpec, source: str, tokenizer_source: str | None = Non
         stop_token_ids=_stop_ids(tokenizer, model),
         max_new_tokens=spec.max_new_tokens or gen_cap or DEFAULT_MAX_NEW_TOKENS,
         source=source,
-        reference_loader=functools.partial(_load_model, ref_spec, source, device),
+        reference_loader=functools.partial(build_model, spec, source, device, reference),
     )
     n_train = sum(p.numel() for p in agent.trainable_parameters())
     logger.info(

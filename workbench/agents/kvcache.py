@@ -1,4 +1,5 @@
-"""A preallocated KV cache for `workbench.agents.rollout.generate`.
+"""Preallocated KV caches for `workbench.agents.rollout.generate`: growing (`preallocate`) and static
+(`make_static`).
 
 transformers' ``DynamicLayer`` grows its keys and values with ``torch.cat`` at every decoded token, so a
 response of N tokens copies the whole cache N times (O(N²) memory traffic). `preallocate` moves each
@@ -8,6 +9,11 @@ compacts the buffer in place.
 
 Layers of any other kind (sliding-window, linear attention) keep their own class; only their rows are
 selected. transformers is imported lazily, on the first call, like everywhere else in this layer.
+
+`make_static` gives the compiled decode (``train.compile_decode``) fixed shapes instead: transformers'
+``StaticLayer`` (rows x heads x capacity x head dim, written in place at a position held in a tensor), so one
+decode step is the same graph every time; rows are never dropped and the attention reads the whole capacity,
+masked.
 """
 
 from __future__ import annotations
@@ -103,4 +109,28 @@ def preallocate(cache: Any, rows_R: torch.Tensor, capacity: int) -> Any:
             cache.layers[i] = layer_class(layer.keys, layer.values, rows_R, capacity)
         else:
             layer.batch_select_indices(rows_R)
+    return cache
+
+
+def make_static(cache: Any, rows_R: torch.Tensor, capacity: int) -> Any | None:
+    """Moves a prefilled cache into transformers ``StaticLayer`` buffers of ``rows_R`` rows and ``capacity``
+    tokens, in place; None (cache untouched) when a layer is not a plain full-attention layer.
+
+    Args:
+        cache: A transformers ``Cache`` after the prefill (U rows).
+        rows_R: For each row of the result, the prefilled row it starts from.
+        capacity: Tokens each layer holds (at least the prefilled length + the response cap).
+    """
+    from transformers.cache_utils import DynamicLayer, StaticLayer
+
+    if not all(type(layer) is DynamicLayer and layer.is_initialized for layer in cache.layers):
+        return None
+    for i, layer in enumerate(cache.layers):
+        keys, values = layer.keys.index_select(0, rows_R), layer.values.index_select(0, rows_R)
+        static = StaticLayer(max_cache_len=capacity)
+        static.lazy_initialization(keys, values)  # allocates and marks the buffers' addresses as static
+        static.keys[:, :, : keys.shape[2]] = keys
+        static.values[:, :, : values.shape[2]] = values
+        static.cumulative_length.fill_(keys.shape[2])
+        cache.layers[i] = static
     return cache

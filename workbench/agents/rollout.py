@@ -4,8 +4,10 @@
   (`workbench.agents.kvcache`). The prefill runs each distinct prompt once (its n samples share it) and the
   prefix all prompts share (a chat template's system turn) once. Rows that finished are dropped from the batch
   (and its cache) as they finish, so a batch costs what its live rows cost. Tokens are drawn by inverse CDF,
-  one uniform per row and step (same seed, same samples). The prefill, the token draw and the sliced LM head
-  live in `workbench.agents.sampling`; the decode loop is here.
+  one uniform per row and step (same seed, same samples). Batches hold as many rows as the memory budget
+  allows (`workbench.agents.memory.generation_rows`). The prefill, the token draw and the sliced LM head live
+  in `workbench.agents.sampling`, the decode loops (eager, and compiled over a static cache) in
+  `workbench.agents.decode`.
 - `score_rollouts`: the author's old-policy log-likelihood of each response in its own tokenization, at the
   sampling temperature, under no_grad, before any update of the step (Eq. 11; ``docs/hacpo.md``, "One step",
   step 3). A training run gets the same values from `workbench.train.update.score_self`, in the update's
@@ -18,7 +20,8 @@ Alignment: ``logp_B_T[b, t]`` is the log-prob of ``input_ids_B_T[b, t + 1]`` giv
 both returned tensors have ``T - 1`` columns (``mask_B_T = response_mask_B_T[:, 1:]``).
 
 Log-probs are those of ``softmax(logits / temperature)``, the distribution the tokens were sampled from before
-top-p (as verl computes them); temperature 0 (greedy) is scored at temperature 1.
+top-p (as verl computes them); temperature 0 (greedy) is scored at temperature 1. They are computed on the
+response positions only, a chunk of tokens at a time (`workbench.agents.logprobs`).
 """
 
 from __future__ import annotations
@@ -29,106 +32,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from workbench.agents.sampling import Prefilled, chunked_head, pick_B, prefill
+from workbench.agents.decode import sample_rows
+from workbench.agents.logprobs import head_parts, logits_logprobs, selective_logprobs
+from workbench.agents.memory import generation_rows
 from workbench.agents.tokens import TokenBatch, self_token_batch
 from workbench.core.losses import masked_mean_logp
 from workbench.core.types import Rollout
 
 if TYPE_CHECKING:
     from workbench.agents.agent import Agent
-
-DEFAULT_BATCH_ROWS = 256
-"""Most rows `generate` samples together by default (one typical step's prompts x G)."""
-KV_CACHE_BUDGET_BYTES = 4 << 30
-"""Default rows are also capped so that the KV cache stays under this (SmolLM2 fp32: 46 kB per token)."""
-
-
-def _kv_bytes_per_token(model: Any) -> int:
-    """KV-cache bytes per token: layers x 2 x kv heads x head dim x element size (from the config)."""
-    config = model.config
-    layers = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layer", 1)
-    hidden = getattr(config, "hidden_size", None) or getattr(config, "n_embd", 1)
-    heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_head", 1)
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    head_dim = getattr(config, "head_dim", None) or hidden // heads
-    return layers * 2 * kv_heads * head_dim * model.dtype.itemsize
-
-
-def default_batch_rows(agent: Agent, longest_prompt: int, max_new_tokens: int) -> int:
-    """Rows per sampling batch: `DEFAULT_BATCH_ROWS`, fewer when the KV cache would pass its budget."""
-    per_row = _kv_bytes_per_token(agent.model) * (longest_prompt + max_new_tokens)
-    return max(1, min(DEFAULT_BATCH_ROWS, KV_CACHE_BUDGET_BYTES // per_row))
-
-
-@torch.no_grad()
-def _decode(
-    agent: Agent,
-    state: Prefilled,
-    temperature: float,
-    top_p: float,
-    max_new_tokens: int,
-    generator: torch.Generator | None,
-) -> list[tuple[list[int], bool]]:
-    """One forward per new token over the cache; finished rows leave the batch (and the cache) at once."""
-    model, device = agent.model, agent.device
-    cache, logits_B_V, attn_B_C, pos_B, length = (
-        state.cache,
-        state.logits_R_V,
-        state.attn_R_C,
-        state.pos_R,
-        state.length,
-    )
-    R = len(pos_B)
-    stop_S = torch.tensor(agent.stop_token_ids, device=device)
-    tokens_R_N = torch.full((R, max_new_tokens), -1, dtype=torch.long, device=device)  # -1: not sampled
-    finished_R = torch.zeros(R, dtype=torch.bool, device=device)
-    live_B = torch.arange(R, device=device)  # original row of each live batch row
-    for step in range(max_new_tokens):
-        token_B = pick_B(logits_B_V, temperature, top_p, generator)
-        tokens_R_N[live_B, step] = token_B
-        done_B = torch.isin(token_B, stop_S)
-        if done_B.any():
-            finished_R[live_B[done_B]] = True
-            keep_B = (~done_B).nonzero().squeeze(-1)
-            if keep_B.numel() == 0:
-                break
-            # drop finished rows from the batch and the cache: later steps cost only the live rows
-            cache.batch_select_indices(keep_B)
-            live_B, token_B, attn_B_C, pos_B = (
-                live_B[keep_B],
-                token_B[keep_B],
-                attn_B_C[keep_B],
-                pos_B[keep_B],
-            )
-        if step == max_new_tokens - 1:
-            break
-        attn_B_C[:, length] = 1
-        length += 1
-        pos_B = pos_B + 1
-        out = model(
-            input_ids=token_B[:, None],
-            attention_mask=attn_B_C[:, :length],
-            position_ids=pos_B[:, None],
-            cache=cache,
-            use_cache=True,
-        )
-        cache, logits_B_V = out.cache, out.logits[:, -1]
-    lengths_R = (tokens_R_N >= 0).sum(dim=-1).tolist()
-    return [(row[:n], done) for row, n, done in zip(tokens_R_N.tolist(), lengths_R, finished_R.tolist())]
-
-
-def _sample_chunk(
-    agent: Agent,
-    prompts: list[list[int]],
-    temperature: float,
-    top_p: float,
-    max_new_tokens: int,
-    generator: torch.Generator | None,
-) -> list[tuple[list[int], bool]]:
-    """Samples one response per prompt row; returns ``(response_ids, finished_with_eos)`` per row."""
-    state = prefill(agent, prompts, max_new_tokens)
-    with chunked_head(agent.model):
-        return _decode(agent, state, temperature, top_p, max_new_tokens, generator)
 
 
 def _decode_response(agent: Agent, response_ids: list[int], finished: bool) -> str:
@@ -156,6 +68,8 @@ def generate(
     author: int = 0,
     seed: int | None = None,
     batch_size: int | None = None,
+    memory_budget: int | None = None,
+    compile_decode: bool = False,
 ) -> list[Rollout]:
     """Samples ``n`` responses per prompt with the agent's prompt format.
 
@@ -168,7 +82,12 @@ def generate(
         max_new_tokens: Response cap; None = ``agent.max_new_tokens``.
         author: Agent index copied into every rollout.
         seed: Seeds a private generator (same seed, same samples); None = torch's global RNG.
-        batch_size: Rows sampled together (KV cache memory grows with it); None = `default_batch_rows`.
+        batch_size: Rows sampled together; None = as many as ``memory_budget`` holds
+            (`workbench.agents.memory.generation_rows`: KV cache, prefill and sampling buffers per row).
+        memory_budget: Bytes a batch may use; None = the agent alone on its device (90% of its memory, less
+            the runtime and the model).
+        compile_decode: Decode under ``torch.compile`` over a static KV cache (`_decode_static`; CUDA graphs
+            on GPU); models with sliding-window or other non-standard layers decode eagerly.
 
     Returns:
         Rollouts, prompt-major (prompt 0's n samples, then prompt 1's...), ``prompt_index`` = index in
@@ -192,7 +111,14 @@ def generate(
     generator = None
     if seed is not None:
         generator = torch.Generator(device=agent.device).manual_seed(seed)
-    size = batch_size or default_batch_rows(agent, max(len(p) for p in encoded), max_new_tokens)
+    size = batch_size or generation_rows(
+        agent,
+        max(len(p) for p in encoded),
+        max_new_tokens,
+        sampled=temperature > 0,
+        top_p=top_p,
+        budget=memory_budget,
+    )
     # Several batches: sample rows in order of prompt length (stable, so a prompt's n rows stay together), so
     # that each batch pads its prompts to a similar width. One batch keeps the prompt-major order.
     order = sorted(range(len(rows)), key=lambda r: len(encoded[rows[r]])) if len(rows) > size else None
@@ -202,8 +128,14 @@ def generate(
         chunk = schedule[start : start + size]
         for row, result in zip(
             chunk,
-            _sample_chunk(
-                agent, [encoded[rows[r]] for r in chunk], temperature, top_p, max_new_tokens, generator
+            sample_rows(
+                agent,
+                [encoded[rows[r]] for r in chunk],
+                temperature,
+                top_p,
+                max_new_tokens,
+                generator,
+                compile_decode,
             ),
         ):
             sampled[row] = result
@@ -241,23 +173,33 @@ def _grad_mode(agent: Agent) -> Iterator[None]:
 def _token_logprobs_with(
     model: Any, batch: TokenBatch, temperature: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs of the response tokens (`workbench.agents.logprobs`): the LM head and the log-softmax run
+    only on response positions, a chunk of tokens at a time, so no full-vocabulary fp32 tensor is built."""
     ids_B_T = batch.input_ids_B_T
     mask_B_T = batch.response_mask_B_T[:, 1:]
-    # Only positions from the first response token on need logits: skip the lm_head over long prompts.
+    keep_B_T = mask_B_T.bool()
+    # Only positions from the first response token on are scored: the rest of the prompt needs no head.
     has_response = batch.response_mask_B_T.any(dim=0).nonzero()
     first = int(has_response[0]) if len(has_response) else ids_B_T.shape[1] - 1
-    keep = ids_B_T.shape[1] - max(first - 1, 0)
-    out = model(
-        input_ids=ids_B_T, attention_mask=batch.attention_mask_B_T, use_cache=False, logits_to_keep=keep
-    )
-    logits_B_K_V = out.logits[:, :-1].float() / (temperature or 1.0)
-    targets_B_K = ids_B_T[:, ids_B_T.shape[1] - keep + 1 :]
-    picked_B_K = logits_B_K_V.gather(-1, targets_B_K.unsqueeze(-1)).squeeze(-1)
-    logp_B_K = picked_B_K - torch.logsumexp(logits_B_K_V, dim=-1)
-    # left-fill the skipped prompt columns with zeros so columns align with input positions t + 1
-    pad_B_P = logp_B_K.new_zeros((ids_B_T.shape[0], mask_B_T.shape[1] - logp_B_K.shape[1]))
-    logp_B_T = torch.cat([pad_B_P, logp_B_K], dim=-1)
-    return torch.where(mask_B_T.bool(), logp_B_T, torch.zeros_like(logp_B_T)), mask_B_T
+    start = max(first - 1, 0)
+    targets_N = ids_B_T[:, 1:][keep_B_T]
+    parts = head_parts(model)
+    if parts is not None:
+        backbone, head, softcap = parts
+        hidden_B_T_H = backbone(
+            input_ids=ids_B_T, attention_mask=batch.attention_mask_B_T, use_cache=False
+        ).last_hidden_state
+        hidden_N_H = hidden_B_T_H[:, :-1][keep_B_T]
+        logp_N = selective_logprobs(hidden_N_H, targets_N, head, temperature=temperature, softcap=softcap)
+    else:
+        keep = ids_B_T.shape[1] - start
+        out = model(
+            input_ids=ids_B_T, attention_mask=batch.attention_mask_B_T, use_cache=False, logits_to_keep=keep
+        )
+        logits_N_V = out.logits[:, :-1][keep_B_T[:, start:]]
+        logp_N = logits_logprobs(logits_N_V, targets_N, temperature=temperature)
+    logp_B_T = torch.zeros(keep_B_T.shape, dtype=logp_N.dtype, device=logp_N.device)
+    return logp_B_T.masked_scatter(keep_B_T, logp_N), mask_B_T
 
 
 def token_logprobs(

@@ -17,13 +17,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from workbench.agents.kvcache import preallocate
+from workbench.agents.kvcache import make_static, preallocate
 
 if TYPE_CHECKING:
     from workbench.agents.agent import Agent
 
 HEAD_CHUNK = 4096
 """Vocabulary columns per matmul of the LM head while decoding (see `chunked_head`)."""
+STATIC_CAPACITY_STEP = 64
+"""A static cache's capacity is a multiple of this many tokens (each distinct shape compiles once)."""
 
 
 def pick_B(
@@ -117,16 +119,24 @@ class Prefilled:
     pos_R: torch.Tensor
     """Position of each row's last token."""
     length: int
+    static: bool = False
+    """The cache is a `workbench.agents.kvcache.make_static` one (else growing, `preallocate`)."""
 
 
 @torch.no_grad()
-def prefill(agent: Agent, prompts: list[list[int]], max_new_tokens: int) -> Prefilled:
+def prefill(
+    agent: Agent, prompts: list[list[int]], max_new_tokens: int, *, static: bool = False
+) -> Prefilled:
     """Runs every distinct prompt once and expands the cache to one row per sample.
 
     Layout of a cache row: ``[shared prefix][left padding][rest of the prompt]``. The prefix all prompts share
     (a chat template's system turn) is computed once, on one row; the rows' own tokens follow it with their
     positions continuing from it, and the padding between is masked. The G samples of one prompt share its
     forward pass (``rows_R`` maps each sample to its distinct prompt).
+
+    With ``static`` the capacity is rounded up to a multiple of `STATIC_CAPACITY_STEP` (fewer distinct shapes
+    to compile) and the cache becomes `workbench.agents.kvcache.make_static` buffers when every layer allows
+    it, else the growing cache (``Prefilled.static`` says which).
     """
     model, device = agent.model, agent.device
     distinct: dict[tuple[int, ...], int] = {}
@@ -152,12 +162,17 @@ def prefill(agent: Agent, prompts: list[list[int]], max_new_tokens: int) -> Pref
         logits_to_keep=1,
     )
     length = attn_U_T.shape[1]
-    attn_R_C = attn_U_T.new_zeros((len(prompts), length + max_new_tokens))
+    capacity = length + max_new_tokens
+    if static:
+        capacity = -(-capacity // STATIC_CAPACITY_STEP) * STATIC_CAPACITY_STEP
+    attn_R_C = attn_U_T.new_zeros((len(prompts), capacity))
     attn_R_C[:, :length] = attn_U_T[rows_R]
+    cache = make_static(out.cache, rows_R, capacity) if static else None
     return Prefilled(
-        cache=preallocate(out.cache, rows_R, length + max_new_tokens),
+        cache=cache if cache is not None else preallocate(out.cache, rows_R, capacity),
         logits_R_V=out.logits[:, -1][rows_R],
         attn_R_C=attn_R_C,
         pos_R=pos_U_S[:, -1][rows_R],
         length=length,
+        static=cache is not None,
     )

@@ -133,6 +133,12 @@ class TrainConfig:
     """Checkpoints kept on disk."""
     samples_per_step: int = 8
     """Rollouts written to ``samples/`` per step."""
+    memory_fraction: float = 0.9
+    """Share of each device's memory (a GPU's, or the machine's RAM on CPU) the memory plan may fill; it sizes
+    generation and evaluation batches and their KV cache (``python -m workbench plan`` prints the plan)."""
+    compile_decode: bool = False
+    """Run the rollout decode step under ``torch.compile`` (CUDA graphs on GPU, mode ``reduce-overhead``) over
+    a static KV cache: rows stay in the batch until all have finished."""
 
     def __post_init__(self) -> None:
         coerce_fields(self, "train")
@@ -166,6 +172,7 @@ class TrainConfig:
         require(self.save_every >= 1, "train.save_every", self.save_every, ">= 1")
         require(self.keep_checkpoints >= 1, "train.keep_checkpoints", self.keep_checkpoints, ">= 1")
         require(self.samples_per_step >= 0, "train.samples_per_step", self.samples_per_step, ">= 0")
+        require(0 < self.memory_fraction <= 1, "train.memory_fraction", self.memory_fraction, "in (0, 1]")
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,8 @@ ANSWER_FIELDS = (
 ID_FIELDS = ("id", "unique_id", "idx", "problem_id", "ID")
 _JSON_LIST_KEYS = ("data", "test", "train", "examples", "rows", "instances", "problems")
 _HUB_TIMEOUT_S = 3.0
+DATASETS_REQUIREMENT = "datasets==5.2.0"
+"""The pinned ``datasets`` of the ``data`` extra (pyproject.toml), named when it is missing."""
 
 
 @dataclass(frozen=True)
@@ -248,7 +250,10 @@ def _hub_reachable() -> str | None:
     try:
         import datasets  # noqa: F401
     except ImportError:
-        return "the `datasets` package is not installed"
+        return (
+            f"the `datasets` package is not installed (the `data` extra: pip install -e '.[data]', or pip "
+            f"install {DATASETS_REQUIREMENT})"
+        )
     try:
         socket.create_connection(("huggingface.co", 443), timeout=_HUB_TIMEOUT_S).close()
     except OSError as e:

@@ -134,7 +134,8 @@ def evaluate(
     instruction: str | None = PAPER_INSTRUCTION,
     method: str = "math_verify",
     agent_name: str | None = None,
-    batch_size: int = 64,
+    batch_size: int | None = None,
+    memory_budget: int | None = None,
     seed: int | None = 0,
 ) -> EvalResult:
     """Evaluates an agent (initial, trained, or restored from a checkpoint) on task items.
@@ -150,7 +151,9 @@ def evaluate(
         instruction: Appended to each question (`build_prompt`); None for the question alone.
         method: Grading method, a key of `workbench.tasks.rewards.REWARD_METHODS`.
         agent_name: Name for the ``agent`` column (default: ``agent.name``, else the class name).
-        batch_size: Prompts per generation batch.
+        batch_size: Rows (responses) per generation batch; None = as many as ``memory_budget`` holds
+            (`workbench.agents.memory.generation_rows`, the same model the trainer plans with).
+        memory_budget: Bytes a generation batch may use; None = the agent alone on its device.
         seed: Sampling seed of the k samples.
 
     Returns:
@@ -166,7 +169,7 @@ def evaluate(
         )
     name = agent_name or getattr(agent, "name", None) or type(agent).__name__
     prompts = [build_prompt(item.question, instruction) for item in items]
-    common = {"max_new_tokens": max_new_tokens, "batch_size": batch_size}
+    common = {"max_new_tokens": max_new_tokens, "batch_size": batch_size, "memory_budget": memory_budget}
     frames = []
     if greedy:
         rollouts = _generate(agent, prompts, 1, temperature=0.0, **common)

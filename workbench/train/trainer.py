@@ -38,6 +38,7 @@ from workbench.train.checkpoint import (
 from workbench.train.evaluate import HeldOutSet, held_out_sets
 from workbench.train.exchange import SharedRollout
 from workbench.train.executors import RayOptions, make_executor
+from workbench.train.plan import plan_experiment
 from workbench.train.rundir import RunWriter
 from workbench.train.update import TrainingError, UpdateSettings
 from workbench.train.worker import WorkerSettings
@@ -94,6 +95,14 @@ class Trainer:
         )
         # The main held-out set, then one per task.eval_sources entry (none when task.eval_size is 0).
         self.held_out: list[HeldOutSet] = held_out_sets(cfg)
+        # One memory plan gives every agent the bytes its generation and evaluation batches may use: its
+        # device's train.memory_fraction, less the runtime and every agent's weights and optimizer state.
+        sample = [build_prompt(item.question, cfg.task.instruction) for item in self.train_items[:64]]
+        facts = self.executor.each("memory_facts", [{"prompts": sample} for _ in self.names])
+        self.memory_plan = plan_experiment(cfg, facts)
+        self.executor.each("use_memory_budget", [{"budget": b} for b in self.memory_plan.budgets])
+        for warning in self.memory_plan.warnings:
+            log.warning("memory plan: %s", warning)
         self.step = 0
         self.cost = {f"cost/{n}/{k}": 0.0 for n in self.names for k in _COST_KEYS}
         self._orders: dict[int, list[int]] = {}
@@ -379,6 +388,7 @@ def _worker_settings(cfg: ExperimentConfig) -> WorkerSettings:
         max_new_tokens=t.max_new_tokens,
         betas=(t.adam_beta1, t.adam_beta2),
         ratio_normalization=h.ratio_normalization,
+        compile_decode=t.compile_decode,
     )
 
 

@@ -30,6 +30,7 @@ from workbench.agents.agent import Agent
 from workbench.agents.engine import RolloutEngine, TransformersEngine, check_rollouts
 from workbench.agents.hf import precision
 from workbench.agents.loading import load_agent
+from workbench.agents.memory import device_key, device_memory
 from workbench.agents.tokens import self_token_batch
 from workbench.config.agent_spec import AgentSpec
 from workbench.core.losses import LossParams
@@ -37,6 +38,7 @@ from workbench.core.types import Rollout, TaskItem
 from workbench.train.batches import build_learner_batch
 from workbench.train.evaluate import evaluate
 from workbench.train.exchange import RolloutReport, SharedRollout, UpdateReport, as_cross_rollout, share
+from workbench.train.plan import AgentFacts
 from workbench.train.update import SelfScores, UpdateSettings, learner_metrics, score_self, update_learner
 
 __all__ = ["AgentWorker", "WorkerSettings"]
@@ -64,6 +66,8 @@ class WorkerSettings:
     """AdamW (β1, β2)."""
     ratio_normalization: str = "tokens"
     """How a cross sample's log-likelihoods are length-normalised (``tokens`` or ``bytes``)."""
+    compile_decode: bool = False
+    """The built-in engine decodes under ``torch.compile`` (`workbench.agents.engine.TransformersEngine`)."""
 
 
 class AgentWorker:
@@ -77,7 +81,8 @@ class AgentWorker:
         seed: Seeds the global RNGs before loading (a Ray actor's own process); None leaves them alone
             (in-process, the trainer seeded once).
         threads: ``torch.set_num_threads`` for this worker's process (Ray actors); None leaves it alone.
-        engine: Builds the rollout engine of the loaded agent (`workbench.agents.engine`).
+        engine: Builds the rollout engine of the loaded agent (`workbench.agents.engine`); None = the
+            built-in `TransformersEngine`.
     """
 
     def __init__(
@@ -89,7 +94,7 @@ class AgentWorker:
         *,
         seed: int | None = None,
         threads: int | None = None,
-        engine: Callable[[Agent], RolloutEngine] = TransformersEngine,
+        engine: Callable[[Agent], RolloutEngine] | None = None,
     ) -> None:
         if threads is not None:
             torch.set_num_threads(threads)
@@ -106,7 +111,12 @@ class AgentWorker:
             betas=settings.betas,
             weight_decay=settings.weight_decay,
         )
-        self.engine = engine(self.agent)
+        self.engine = (
+            engine(self.agent)
+            if engine is not None
+            else TransformersEngine(self.agent, compile_decode=settings.compile_decode)
+        )
+        self.memory_budget: int | None = None
         self._own: list[Rollout] = []
         self._scores: SelfScores | None = None
 
@@ -117,6 +127,24 @@ class AgentWorker:
     def start_weights(self) -> str:
         """`workbench.agents.agent.state_digest` of the agent's weights as loaded, before any update."""
         return self._start_digest
+
+    def memory_facts(self, prompts: list[str]) -> AgentFacts:
+        """What the memory plan needs about this agent (`workbench.train.plan`): its model config, its device
+        and that device's memory, and the longest of ``prompts`` in its tokens."""
+        longest = max((len(self.agent.encode_prompt(p)) for p in prompts), default=1)
+        return AgentFacts(
+            config=self.agent.model.config.to_dict(),
+            device=device_key(self.agent.device),
+            device_memory=device_memory(self.agent.device),
+            prompt_tokens=longest,
+            source=self.agent.source,
+        )
+
+    def use_memory_budget(self, budget: int) -> None:
+        """Bytes this agent's generation and evaluation batches may use (the trainer's memory plan)."""
+        self.memory_budget = budget
+        if isinstance(self.engine, TransformersEngine):
+            self.engine.memory_budget = budget
 
     # ------------------------------------------------------------------------------------------ step
     def rollout(self, prompts: list[str], *, n: int, seed: int) -> RolloutReport:
@@ -216,7 +244,15 @@ class AgentWorker:
             for ``eval_items.csv`` (`workbench.train.evaluate.EvalResult.item_rows`).
         """
         with precision(self.agent):
-            result = evaluate(self.agent, items, k=k, greedy=True, agent_name=self.agent.name, **kwargs)
+            result = evaluate(
+                self.agent,
+                items,
+                k=k,
+                greedy=True,
+                agent_name=self.agent.name,
+                memory_budget=self.memory_budget,
+                **kwargs,
+            )
         summary = result.summary
         wanted = ["greedy_acc"] + ([f"avg@{k}"] if k else [])
         values = {

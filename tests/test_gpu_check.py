@@ -1,0 +1,31 @@
+"""``bench/gpu_check.py`` runs end to end at toy sizes on CPU (``--tiny --device cpu``), so the one script a
+GPU machine will run has run before it gets there."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_the_gpu_check_script_runs_end_to_end_on_cpu(tmp_path, hacpo_cache):
+    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "bench/gpu_check.py", "--tiny", "--device", "cpu", "--out", str(tmp_path)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    run = report["standin"]
+    assert [row["step"] for row in run["steps"]] == [1, 2] and all(
+        row["generated_tokens"] for row in run["steps"]
+    )
+    assert run["rollout_rows"] == {"qwen3-1.7b-shape": 4, "llama-bpe": 4}  # the plan sized the batches
+    assert run["decode"]["compiled_tok_s"] > 0 and run["decode"]["greedy_tokens_equal"] == "32/32"
+    text = (tmp_path / "report.md").read_text()
+    assert "script OK" in text and "nothing here was measured on a GPU" in text
