@@ -13,7 +13,7 @@ export OMP_WAIT_POLICY ?= PASSIVE
 export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_NO_ADVISORY_WARNINGS ?= 1
 
-.PHONY: venv demo test test-browser lint format bench bench-peers lab clean-cache gpu-check pairs
+.PHONY: venv demo test test-browser lint format bench bench-peers lab clean-cache gpu-check pairs real-pair
 
 $(STAMP): pyproject.toml requirements-nodeps.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,10 +32,10 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest
 
-# The issue-9 comparison behind README's Results: the state, size and model pairs under HACPO, GSPO, GSPO×2 and
-# Naive, plus HACPO with byte-normalized ratios on the model pair, 3 seeds each (experiments/pairs/*.yaml), then
-# the committed summary (results/summary/) and README's Results section. ≈2-3 h on 2 cores; rerunning it resumes
-# or skips finished runs.
+# The tiny pairs' comparison behind docs/results.md: the state, size and model pairs under HACPO, GSPO, GSPO×2
+# and Naive, plus HACPO with byte-normalized ratios on the model pair, 3 seeds each (experiments/pairs/*.yaml),
+# then the committed summary (results/summary/) and the generated section of docs/results.md. ≈2-3 h on 2
+# cores; rerunning it resumes or skips finished runs.
 PAIR_METHODS ?= hacpo gspo gspo_x2 naive
 pairs: $(STAMP)
 	for pair in model state size; do for method in $(PAIR_METHODS); do \
@@ -43,7 +43,20 @@ pairs: $(STAMP)
 	done; done
 	$(PY) -m workbench run experiments/pairs/model.yaml --set algorithm=hacpo label=hacpo-bytes \
 	  hacpo.ratio_normalization=bytes output.root=results/pairs
-	$(PY) -m workbench summarize results/pairs --readme README.md
+	$(PY) -m workbench summarize results/pairs --readme docs/results.md
+
+# The real pair's comparison (experiments/real_pair.yaml: warm-started SmolLM2-135M-Instruct + Gemma-3-270M,
+# LoRA, CPU): GSPO, GSPO×2, HACPO and HACPO with byte-normalized ratios, 3 seeds each, then its committed
+# summary (results/summary/real_pair/). Several hours on 2 cores; rerunning it resumes or skips finished runs.
+REAL_PAIR_METHODS ?= gspo hacpo gspo_x2
+real-pair: $(STAMP)
+	for method in $(REAL_PAIR_METHODS); do \
+	  $(PY) -m workbench run experiments/real_pair.yaml --set algorithm=$$method output.root=results/real_pair \
+	    || exit $$?; \
+	done
+	$(PY) -m workbench run experiments/real_pair.yaml --set algorithm=hacpo label=hacpo-bytes \
+	  hacpo.ratio_normalization=bytes output.root=results/real_pair
+	$(PY) -m workbench summarize results/real_pair --out results/summary/real_pair
 
 lint format: $(STAMP)
 	$(VENV)/bin/ruff format .
@@ -74,7 +87,7 @@ test-browser: $(STAMP)
 
 # Every GPU check in one run, written to results/gpu_check/report.md (docs/gpu.md): the gpu-marked tests, two
 # HACPO steps of a random-weight Qwen3-1.7B-shaped 4-bit agent at 1,024 new tokens beside the memory plan, and
-# eager vs compiled decode. Not yet run on a GPU. It runs on the machine's own CUDA python and never builds
+# eager vs compiled decode. It runs on the machine's own CUDA python and never builds
 # the CPU venv (a GPU machine may have no network): the venv's python when it exists (after installing a CUDA
 # torch into it), else python3; override with GPU_PYTHON=...
 GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
