@@ -7,8 +7,6 @@ import dataclasses
 import re
 from pathlib import Path
 
-import pytest
-
 from workbench.config.reference import REFERENCE, SECTIONS, field_docs, render_reference
 
 
@@ -74,11 +72,6 @@ def test_every_relative_link_of_readme_and_docs_resolves():
     assert broken == [], "links to missing files or headings:\n" + "\n".join(broken)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="workbench.lab.summary writes the generated section's figure links relative to the project root, "
-    "but they sit in docs/results.md, where they resolve under docs/",
-)
 def test_generated_results_section_links_resolve():
     path = ROOT / "docs" / "results.md"
     generated = GENERATED.search(path.read_text(encoding="utf-8"))

@@ -98,6 +98,7 @@ def test_one_hacpo_step_with_4bit_qlora(tmp_path, device, parity_reward):
     assert set(digests) == {"char", "bpe"}  # 4-bit weights and their quantization state hash too
 
 
+@pytest.mark.gpu
 def test_starting_weights_digest_is_the_same_on_cuda_and_cpu():
     from workbench.agents.loading import load_agent
 

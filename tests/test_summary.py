@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pandas as pd
 import pytest
@@ -109,7 +110,10 @@ def test_markdown_section_and_readme_markers(results, tmp_path):
     readme.write_text("# X\n\n## Results\n<!-- results:start -->\nSTALE\n<!-- results:end -->\n\n## Next\n")
     summary.update_readme(readme, out)
     new = readme.read_text()
-    assert "STALE" not in new and text in new and new.endswith("<!-- results:end -->\n\n## Next\n")
+    here = summary.render_results_section(out, link_from=tmp_path)  # figure links from the README's folder
+    assert "STALE" not in new and here in new and new.endswith("<!-- results:end -->\n\n## Next\n")
+    for link in re.findall(r"\]\(([^)]+\.svg)\)", new):
+        assert (tmp_path / link).is_file(), link
     summary.update_readme(readme, out)
     assert readme.read_text() == new  # idempotent
     readme.write_text("no markers")

@@ -31,6 +31,7 @@ from __future__ import annotations
 import gzip
 import logging
 import math
+import os
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -299,11 +300,20 @@ def _pair_table(group: pd.DataFrame) -> list[str]:
     return lines
 
 
-def render_results_section(summary_dir: str | Path) -> str:
+def render_results_section(summary_dir: str | Path, link_from: str | Path | None = None) -> str:
     """Markdown of the files :func:`write_summary` wrote: per pair a table, the verdicts, tokens vs bytes,
-    the excluded runs, and how the numbers are made (the generated section of ``docs/results.md``)."""
+    the excluded runs, and how the numbers are made (the generated section of ``docs/results.md``).
+
+    Args:
+        summary_dir: The folder `write_summary` wrote.
+        link_from: The folder of the Markdown file the section goes into: figure links are relative to it
+            (None = ``summary_dir`` itself, as for its own ``comparison.md``).
+    """
     summary_dir = Path(summary_dir)
     shown = _shown(summary_dir)
+    figures = Path(
+        os.path.relpath(summary_dir.resolve(), Path(link_from or summary_dir).resolve())
+    ).as_posix()
     table = pd.read_csv(summary_dir / "comparison.csv", keep_default_na=False, na_values=[""])
     verdicts = _read_optional(summary_dir / "verdicts.csv")
     ns = sorted({int(n) for n in table["n"]})
@@ -321,7 +331,7 @@ def render_results_section(summary_dir: str | Path) -> str:
         if figure.is_file():
             lines += [
                 "",
-                f"![{exp}: held-out accuracy over steps, mean ± std over seeds]({shown}/{figure.name})",
+                f"![{exp}: held-out accuracy over steps, mean ± std over seeds]({figures}/{figure.name})",
             ]
         mine = verdicts[verdicts["experiment"] == exp] if len(verdicts) else verdicts
         if len(mine):
@@ -388,6 +398,6 @@ def update_readme(readme: str | Path, summary_dir: str | Path) -> Path:
     start, end = text.find(START), text.find(END)
     if start < 0 or end < start:
         raise ValueError(f"{readme}: needs {START} ... {END} (in this order) around the results section")
-    body = render_results_section(summary_dir)
+    body = render_results_section(summary_dir, link_from=readme.parent)
     atomic_write_text(readme, text[: start + len(START)] + "\n" + body + text[end:])
     return readme
