@@ -67,6 +67,9 @@ class Method:
     """Policy loss name in ``workbench.core.losses.POLICY_LOSSES``."""
     capability_advantages: bool
     """Use the capability-aware baseline (ω ≠ 1 possible); False uses the plain joint/group mean."""
+    omega_coef: bool = False
+    """Scale a cross sample's loss by its loss coefficient ω^(source, learner) (Eq. 10); the ``hacpo``
+    switch ``omega_in_loss: false`` turns it off (the −ω ablation). False: every sample counts once."""
     group_multiplier: int = 1
     """Rollouts per prompt = group_multiplier · G (2 for GSPO×2)."""
     clip: tuple[float, float] | None = None
@@ -109,6 +112,7 @@ _HACPO = Method(
     share_rollouts=True,
     loss="hacpo",
     capability_advantages=True,
+    omega_coef=True,
     paper="Table 1",
 )
 

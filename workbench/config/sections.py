@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from workbench.config.checks import ConfigError, coerce_fields, require, require_name
 from workbench.config.frozen import FrozenMap
+from workbench.core.knobs import HACPO_KNOBS, knob_problem
 from workbench.tasks.rewards import reward_problem
 
 __all__ = [
@@ -209,20 +210,16 @@ class HacpoConfig:
     ratio_normalization: str = "tokens"
     """Cross-sample log-ratio per token of each policy's own tokenization (``tokens``, Eq. 25) or per UTF-8
     byte of the shared response (``bytes``: summed log-probs / byte length; tokenizer-neutral)."""
+    naive_symmetric: bool = False
+    """Naive only (``algorithm: naive``): a shared sample's ratio is taken against the learner's own policy at
+    the start of the step instead of the source's old log-probs, so GSPO's clip treats the partner's correct
+    and wrong answers alike (the ``naive-sym`` method, ``docs/methods.md``)."""
 
     def __post_init__(self) -> None:
         coerce_fields(self, "hacpo")
-        require(self.alpha >= 0, "hacpo.alpha", self.alpha, ">= 0")
-        require(
-            0 <= self.delta < 1,
-            "hacpo.delta",
-            self.delta,
-            "in [0, 1) (the lower bound 1 − δ must be positive)",
-        )
-        require(self.delta_step >= 0, "hacpo.delta_step", self.delta_step, ">= 0")
-        require(self.window >= 1, "hacpo.window", self.window, ">= 1")
-        require(0 < self.min_ratio <= 1, "hacpo.min_ratio", self.min_ratio, "in (0, 1]")
-        require(self.max_ratio >= 1, "hacpo.max_ratio", self.max_ratio, ">= 1")
+        for name in HACPO_KNOBS:  # alpha, delta, delta_step, window, min_ratio, max_ratio
+            if problem := knob_problem(name, getattr(self, name), f"hacpo.{name}"):
+                raise ConfigError(problem)
         require(self.capability_floor > 0, "hacpo.capability_floor", self.capability_floor, "> 0")
         require(self.warmup_steps >= 0, "hacpo.warmup_steps", self.warmup_steps, ">= 0")
         require(0 <= self.eps_low < 1, "hacpo.eps_low", self.eps_low, "in [0, 1)")

@@ -10,6 +10,8 @@ from collections.abc import Sequence
 
 import torch
 
+from workbench.core.knobs import knob_problem
+
 __all__ = ["CapabilityTracker", "capability_ratios"]
 
 
@@ -30,8 +32,8 @@ class CapabilityTracker:
     def __init__(self, n_agents: int, window: int = 5, floor: float = 1e-8) -> None:
         if n_agents < 1:
             raise ValueError(f"n_agents must be >= 1, got {n_agents}")
-        if window < 1:
-            raise ValueError(f"window (capability window K) must be >= 1, got {window}")
+        if problem := knob_problem("window", window):
+            raise ValueError(problem)
         if not floor > 0:
             raise ValueError(f"floor must be > 0, got {floor}")
         self.n_agents = n_agents
@@ -102,10 +104,8 @@ def capability_ratios(p_hat_A: torch.Tensor, min_ratio: float = 0.1, max_ratio: 
     Returns:
         ``omega_A_A`` with ``omega_A_A[k, j] = P̂_k / P̂_j`` clamped.
     """
-    if not 0 < min_ratio <= 1 <= max_ratio:
-        raise ValueError(
-            f"need 0 < min_ratio <= 1 <= max_ratio, got min_ratio={min_ratio}, max_ratio={max_ratio}"
-        )
+    if problem := knob_problem("min_ratio", min_ratio) or knob_problem("max_ratio", max_ratio):
+        raise ValueError(problem)
     p_hat_A = torch.as_tensor(p_hat_A, dtype=torch.float32)
     if (p_hat_A <= 0).any() or not torch.isfinite(p_hat_A).all():
         raise ValueError(f"capabilities must be positive and finite, got {p_hat_A.tolist()}")
