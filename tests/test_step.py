@@ -45,8 +45,9 @@ RIGHT_A_P_G = [[[1, 0], [1, 1]], [[0, 0], [1, 0]]]
 class ScriptedWorkers(Executor):
     """Workers without models: scripted answers and old log-probs out, update requests recorded."""
 
-    def __init__(self, answers: list[str], names: list[str]) -> None:
-        self.answers, self.names = answers, names
+    def __init__(self, right_A_P_G: list[list[list[int]]], names: list[str]) -> None:
+        self.right_A_P_G, self.names = right_A_P_G, names
+        self.answers: list[str] = []  # the gold answers of the step's prompts, set by the test
         self.requests: list[UpdateRequest] = []
 
     def rollout(self, requests: list[RolloutRequest]) -> list[RolloutReport]:
@@ -58,7 +59,7 @@ class ScriptedWorkers(Executor):
                     author=a,
                     index=g,
                     prompt=prompt,
-                    text=f"\\boxed{{{self.answers[p] if RIGHT_A_P_G[a][p][g] else 'wrong'}}}",
+                    text=f"\\boxed{{{self.answers[p] if self.right_A_P_G[a][p][g] else 'wrong'}}}",
                     finish_reason="eos",
                     length=3,
                     old_logp_sum=-(1.0 + a + p / 10 + g / 100),  # a scripted value that names the rollout
@@ -90,7 +91,9 @@ class ScriptedWorkers(Executor):
         pass
 
 
-def _step(tmp_path, algorithm: str) -> tuple[dict[str, float], list[UpdateRequest]]:
+def _step(
+    tmp_path, algorithm: str, right_A_P_G: list[list[list[int]]] = RIGHT_A_P_G
+) -> tuple[dict[str, float], list[UpdateRequest]]:
     cfg = from_dict(
         {
             "experiment": "step",
@@ -103,7 +106,7 @@ def _step(tmp_path, algorithm: str) -> tuple[dict[str, float], list[UpdateReques
     )
     run_dir = create_run_dir(tmp_path, "step")
     RunWriter(run_dir).write_config(cfg.to_dict())
-    workers = ScriptedWorkers([], ["a0", "a1"])
+    workers = ScriptedWorkers(right_A_P_G, ["a0", "a1"])
     trainer = Trainer(cfg, run_dir, executor=workers)
     workers.answers = [item.answer for item in trainer._prompt_batch(1)]
     metrics = trainer.train_step()
@@ -123,6 +126,8 @@ def test_a_hacpo_step_gives_the_hand_computed_capability_omega_advantages_and_ba
     assert metrics["capability/a0"] == pytest.approx(0.75) and metrics["capability/a1"] == pytest.approx(0.25)
     assert metrics["omega/a0/a1"] == pytest.approx(3.0) and metrics["omega/a1/a0"] == pytest.approx(1 / 3)
     assert metrics["adv/a0/baseline_fallback_frac"] == 0.5 and metrics["adv/a1/baseline_fallback_frac"] == 0
+    # No prompt's four rewards are all equal: no uniform joint group for either learner.
+    assert [metrics[f"adv/{k}uniform_group_frac"] for k in ("a0/", "a1/", "")] == [0.0, 0.0, 0.0]
     # Each learner trains on the other's four rollouts, as text with the source's own old log-likelihood.
     assert _rows(learner0, 0)[4:] == [(1, p, g) for p in range(2) for g in range(2)]
     assert [r.old_logp_sum for r in learner0.cross] == pytest.approx([-2.0, -2.01, -2.1, -2.11])
@@ -150,6 +155,8 @@ def test_a_hacpo_step_gives_the_hand_computed_capability_omega_advantages_and_ba
 
 def test_a_gspo_step_keeps_each_learner_on_its_own_group(tmp_path):
     metrics, requests = _step(tmp_path, "gspo")
+    # Uniform groups per agent: a0's prompt 1 (1 1), a1's prompt 0 (0 0); the step logs each and their mean.
+    assert [metrics[f"adv/{k}uniform_group_frac"] for k in ("a0/", "a1/", "")] == [0.5, 0.5, 0.5]
     assert all(r.cross == [] and r.coef_A.tolist() == [1.0, 1.0] for r in requests)
     # Eq. 5 per agent: agent 0's prompt 0 is (1, 0) → ±1/(std + eps); its prompt 1 is uniform → 0.
     a0 = requests[0].advantages_P_A_G
@@ -158,3 +165,5 @@ def test_a_gspo_step_keeps_each_learner_on_its_own_group(tmp_path):
     a1 = requests[1].advantages_P_A_G
     assert a1[0, 1].tolist() == [0.0, 0.0] and a1[1, 1].tolist() == pytest.approx([0.7071, -0.7071], abs=1e-4)
     assert metrics["omega/a0/a1"] == pytest.approx(3.0)  # logged, but it changes nothing in GSPO
+    all_wrong, _ = _step(tmp_path / "all-wrong", "gspo", [RIGHT_A_P_G[0], [[0, 0], [0, 0]]])
+    assert [all_wrong[f"adv/{k}uniform_group_frac"] for k in ("a0/", "a1/", "")] == [0.5, 1.0, 0.75]

@@ -275,3 +275,47 @@ def test_bytes_normalization_puts_both_log_likelihoods_of_a_shared_text_per_byte
         build_learner_batch(
             learner, 0, own, cross, advantages_P_A_G, torch.ones(2), scores, ratio_normalization="chars"
         )
+
+
+def test_symmetric_naive_gives_shared_answers_gradient_whatever_the_sign_of_their_advantage(pair):
+    """The shared rows' old policy is the learner's own at the start of the step, scored in the update's
+    micro-batches: in mini-batch 0 their ratio is 1 exactly, and GSPO's clip keeps right (A > 0) and wrong
+    (A < 0) partner answers alike. Against the source's old log-probs (plain Naive) it is not 1."""
+    learner, own, cross, advantages_P_A_G = pair
+    settings = UpdateSettings(loss="gspo", minibatch_size=12, micro_batch_size=4, cross_old_from_learner=True)
+    batch = build_learner_batch(
+        learner, 0, own, cross, advantages_P_A_G, torch.ones(2), score_own(learner, own, settings)
+    )
+    source_old_B = batch.old_logp_mean_B.clone()
+    update_module.score_cross(learner, batch, settings)
+    is_cross_B = ~batch.is_self_B
+    assert not torch.equal(batch.old_logp_mean_B[is_cross_B], source_old_B[is_cross_B])
+    signs = batch.advantages_B[is_cross_B].sign()
+    assert (signs > 0).any() and (signs < 0).any()  # the fixture's advantages run from -1 to 1
+    (rows,) = [r for micros in batch.plan(12, 4) for r in micros if r[0] >= len(own)][:1]
+    view = batch.tokens.select(rows)
+    logp_B_T, mask_B_T = update_module.token_logprobs(learner, view, temperature=1.0)
+    loss, stats = losses.gspo_policy_loss(batch.policy_batch(rows, view, logp_B_T, mask_B_T, 0), LossParams())
+    assert torch.equal(stats.ratio_B, torch.ones(len(rows))) and not stats.clipped_B.any()
+    grad_B_T = torch.autograd.grad(loss, logp_B_T)[0]
+    advantages_B = batch.advantages_B[rows]
+    assert all((grad_B_T[b].abs().sum() > 0) == (advantages_B[b] != 0) for b in range(len(rows)))
+    assert (advantages_B > 0).any() and (advantages_B < 0).any()  # both signs in this micro-batch
+
+
+def test_gspo_clip_keeps_a_low_ratio_only_for_a_positive_advantage():
+    """Why plain Naive learns only from the partner's successes: a shared sample's ratio against its source is
+    usually below 1 − ε_l, where GSPO's min keeps s·A for A > 0 and the constant clipped value for A < 0."""
+    logp_B_T = torch.full((2, 3), -2.0, requires_grad=True)
+    batch = PolicyBatch(
+        logp_B_T=logp_B_T,
+        mask_B_T=torch.ones(2, 3),
+        old_logp_mean_B=torch.tensor([-1.0, -1.0]),  # s = e^-1 for both
+        advantages_B=torch.tensor([1.0, -1.0]),
+        is_self_B=torch.tensor([False, False]),
+        cross_coef_B=torch.ones(2),
+    )
+    loss, stats = losses.gspo_policy_loss(batch, LossParams())
+    grad_B_T = torch.autograd.grad(loss, logp_B_T)[0]
+    assert stats.clipped_B.tolist() == [0.0, 1.0]
+    assert grad_B_T[0].abs().sum() > 0 and grad_B_T[1].abs().sum() == 0

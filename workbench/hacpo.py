@@ -9,7 +9,6 @@ from workbench.core.advantages import capability_aware_advantages, group_advanta
 from workbench.core.capability import CapabilityTracker, capability_ratios
 from workbench.core.losses import (
     POLICY_LOSSES,
-    TOKEN_LEVEL_LOSSES,
     LossParams,
     PolicyBatch,
     SampleStats,
@@ -26,7 +25,6 @@ from workbench.core.losses import (
 
 __all__ = [
     "POLICY_LOSSES",
-    "TOKEN_LEVEL_LOSSES",
     "CapabilityTracker",
     "LossParams",
     "PolicyBatch",

@@ -111,6 +111,7 @@ class ExperimentConfig:
             self.train.minibatch_prompts,
             f"{self.algorithm} has {m}x rollouts per prompt: must be divisible by {m}",
         )
+        _check_label(self.label, self.algorithm, self.hacpo)
         if self.hacpo.naive_symmetric:
             require(
                 self.algorithm == "naive",
@@ -118,7 +119,6 @@ class ExperimentConfig:
                 True,
                 f"only with algorithm: naive (a variant of Naive's cross ratio), not {self.algorithm}",
             )
-        _check_label(self.label, self.algorithm, self.hacpo)
 
     @property
     def algo(self) -> Method:

@@ -198,7 +198,8 @@ class HacpoConfig:
     normalize_by_std: bool = True
     """Divide advantages by the joint std (Eq. 6)."""
     uniform_group_guard: bool = True
-    """All-equal reward group → plain mean baseline (code guard)."""
+    """All-equal reward group → plain mean baseline (code guard); false only with ``normalize_by_std: false``
+    (an all-equal group has σ = 0: its advantages would be (R − μ̂)/1e-6)."""
     binary_guard: bool = True
     """Weighted baseline > 1 → learner's own mean (code guard)."""
     capability_baseline: bool = True
@@ -228,6 +229,14 @@ class HacpoConfig:
         norm = self.ratio_normalization
         require(
             norm in RATIO_NORMALIZATIONS, "hacpo.ratio_normalization", norm, f"one of {RATIO_NORMALIZATIONS}"
+        )
+        require(
+            self.uniform_group_guard or not self.normalize_by_std,
+            "hacpo.uniform_group_guard",
+            self.uniform_group_guard,
+            "false only with hacpo.normalize_by_std: false. With normalize_by_std = true an all-equal reward "
+            "group has σ = 0, so its advantages are (R − μ̂)/1e-6 (250,000 for R − μ̂ = 0.25) whenever ω ≠ 1; "
+            "keep the guard on, or set hacpo.normalize_by_std: false",
         )
 
 

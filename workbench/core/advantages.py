@@ -75,8 +75,8 @@ def capability_aware_advantages(
         max_reward: Threshold of guard 2, or ``None``.
 
     Returns:
-        ``(advantages_L_P_A_G, metrics)`` with L = A learners. Metrics: fraction of uniform groups and, per
-        learner, the fraction of prompts where guard 2 fired.
+        ``(advantages_L_P_A_G, metrics)`` with L = A learners. Metrics: fraction of prompts whose joint group
+        is uniform (whether or not guard 1 is on) and, per learner, the fraction where guard 2 fired.
     """
     rewards_P_A_G = rewards_P_A_G.to(torch.float32)
     P, A, G = rewards_P_A_G.shape
@@ -88,11 +88,9 @@ def capability_aware_advantages(
     weighted_L_P_A_G = omega_A_A.to(torch.float32)[:, None, :, None] * rewards_P_A_G[None]
     baseline_L_P = weighted_L_P_A_G.mean(dim=(-2, -1))
 
+    uniform_P = (rewards_P_N == rewards_P_N[:, :1]).all(dim=-1)
     if uniform_group_guard:
-        uniform_P = (rewards_P_N == rewards_P_N[:, :1]).all(dim=-1)
         baseline_L_P = torch.where(uniform_P[None, :], rewards_P_N.mean(dim=-1)[None, :], baseline_L_P)
-    else:
-        uniform_P = torch.zeros(P, dtype=torch.bool)
 
     fallback_L_P = torch.zeros(A, P, dtype=torch.bool)
     if max_reward is not None:

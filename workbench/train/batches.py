@@ -228,7 +228,7 @@ def build_learner_batch(
         raise ValueError(f"own_scores cover rows {own_scores.rows}, not the {len(own)} own rollouts in order")
     rollouts = own + cross
     tokens, sharing_stats = build_training_batch(agent, rollouts, learner)
-    # HACPO (beyond the paper): bytes put a shared text's two log-likelihoods on one length scale.
+    # HACPO: (beyond the paper) bytes put a shared text's two log-likelihoods on one length scale.
     by_bytes = ratio_normalization == "bytes"
     length_B = torch.tensor(
         [

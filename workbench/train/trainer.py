@@ -12,7 +12,8 @@ The agents live in workers (`workbench.train.worker`) run in this process or in 
 (`workbench.train.executors`); this driver exchanges only the records of `workbench.train.exchange` (text,
 rewards and scalars) with them, one typed call per phase.
 
-Every place that departs from plain GSPO is marked ``# HACPO:``. Baselines and ablations are
+Every place that departs from plain GSPO carries a comment starting with ``HACPO:`` (the README's grep lists
+them all, here and in the modules the step calls). Baselines and ablations are
 configurations (``workbench.config.METHODS`` and the ``hacpo`` section), never forked code: the step reads
 what a method does from its row of the method table, never its name.
 """
@@ -228,8 +229,9 @@ class Trainer:
         rewards_P_A_G = self._grade(rollouts_A, items, P, G)
         t_rollout = time.perf_counter() - t0
 
-        # 3. HACPO: capability P̂ of every agent, this step's batch accuracy included (Eq. 9, Assumption
-        #    D.1), and the ratios ω = P̂_k / P̂_j (Eq. 8); ω ≡ 1 during the warm-up steps.
+        # 3. Capability P̂ of every agent (Eq. 9) and the ratios ω = P̂_k / P̂_j (Eq. 8).
+        # HACPO: P̂ includes this step's batch accuracy, taken before advantages (Assumption D.1); ω ≡ 1 in
+        # the warm-up steps. GSPO logs them and uses neither.
         acc_A = rewards_P_A_G.mean(dim=(0, 2))
         self.tracker.update(acc_A)
         p_hat_A = self.tracker.p_hat()
@@ -287,7 +289,11 @@ class Trainer:
     def _advantages(
         self, rewards_P_A_G: torch.Tensor, omega_A_A: torch.Tensor, metrics: dict[str, float]
     ) -> torch.Tensor:
-        """``advantages_L_P_A_G``: learner L's advantage of each response (0 where L never trains on it)."""
+        """``advantages_L_P_A_G``: learner L's advantage of each response (0 where L never trains on it).
+
+        Logs each learner's share of uniform groups (all rewards equal, advantage 0: the joint group when
+        sharing, its own group otherwise) and their mean, and the share where the baseline guard fired.
+        """
         h, method = self.cfg.hacpo, self.algo
         A = rewards_P_A_G.shape[1]
         if method.share_rollouts:
@@ -300,16 +306,19 @@ class Trainer:
                 uniform_group_guard=h.uniform_group_guard,
                 max_reward=1.0 if h.binary_guard else None,
             )
-            metrics["adv/uniform_group_frac"] = adv_metrics["uniform_group_frac"]
+            uniform_A = [adv_metrics["uniform_group_frac"]] * A  # every learner's groups are the joint ones
             for k, name in enumerate(self.names):
                 metrics[f"adv/{name}/baseline_fallback_frac"] = adv_metrics[f"baseline_fallback_frac/{k}"]
-            return advantages
-        advantages = torch.zeros(A, *rewards_P_A_G.shape)
-        for k in range(A):
-            advantages[k, :, k], adv_metrics = group_advantages(
-                rewards_P_A_G[:, k], normalize_by_std=h.normalize_by_std
-            )
-        metrics["adv/uniform_group_frac"] = adv_metrics["uniform_group_frac"]
+        else:
+            advantages, uniform_A = torch.zeros(A, *rewards_P_A_G.shape), []
+            for k in range(A):
+                advantages[k, :, k], adv_metrics = group_advantages(
+                    rewards_P_A_G[:, k], normalize_by_std=h.normalize_by_std
+                )
+                uniform_A.append(adv_metrics["uniform_group_frac"])
+        for name, frac in zip(self.names, uniform_A):
+            metrics[f"adv/{name}/uniform_group_frac"] = frac
+        metrics["adv/uniform_group_frac"] = sum(uniform_A) / A
         return advantages
 
     def _update(self, requests: list[UpdateRequest]) -> list[UpdateReport]:

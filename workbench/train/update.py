@@ -33,6 +33,7 @@ __all__ = [
     "TrainingError",
     "UpdateSettings",
     "learner_metrics",
+    "score_cross",
     "score_own",
     "score_self",
     "update_learner",
@@ -158,6 +159,16 @@ def score_self(
             scores.counts.append(int(values_T.numel()))
     scores.mean_B = torch.cat(means) if means else torch.zeros(0, device=agent.device)
     return scores
+
+
+def score_cross(agent: Agent, batch: LearnerBatch, settings: UpdateSettings) -> None:
+    """The symmetric Naive (``hacpo.naive_symmetric``): the learner's own old log-probs of the shared rows of
+    ``batch``, set as their old policy, scored in the micro-batches its update trains them in (so a shared
+    sample trained in mini-batch 0 has s = 1 exactly, as an own sample does)."""
+    plan = batch.plan(settings.minibatch_size, settings.micro_batch_size)
+    cross = [rows for micro_batches in plan for rows in micro_batches if not batch.is_self_B[rows[0]]]
+    scores = score_self(agent, batch.tokens, cross, temperature=settings.temperature, length_B=batch.length_B)
+    batch.set_old_scores(scores)
 
 
 def update_learner(

@@ -34,7 +34,7 @@ from workbench.config.agent_spec import AgentSpec
 from workbench.config.experiment import ExperimentConfig
 from workbench.core.losses import LossParams
 from workbench.core.types import Rollout
-from workbench.train.batches import LearnerBatch, OldScores, build_learner_batch
+from workbench.train.batches import OldScores, build_learner_batch
 from workbench.train.evaluate import evaluate
 from workbench.train.exchange import (
     EvalReport,
@@ -50,8 +50,8 @@ from workbench.train.exchange import (
 from workbench.train.update import (
     UpdateSettings,
     learner_metrics,
+    score_cross,
     score_own,
-    score_self,
     update_learner,
 )
 
@@ -216,8 +216,8 @@ class AgentWorker:
             skip_uniform_groups=t.skip_uniform_groups,
         )
         with precision(self.agent):
-            if t.cross_old_from_learner:
-                self._score_cross(batch)
+            if t.cross_old_from_learner:  # the symmetric Naive: shared rows against the learner's own policy
+                score_cross(self.agent, batch, t)
             update = update_learner(
                 self.agent, self.optimizer, batch, self.settings.loss, t, where=request.where
             )
@@ -234,17 +234,6 @@ class AgentWorker:
         }
         metrics = learner_metrics(self.agent.name, self.names, batch, update, skipping=t.skip_uniform_groups)
         return UpdateReport(metrics, samples)
-
-    def _score_cross(self, batch: LearnerBatch) -> None:
-        """The symmetric Naive: the learner's own old log-probs of the shared rows, in the micro-batches its
-        update trains them in (so a shared sample trained in mini-batch 0 has s = 1 exactly)."""
-        t = self.settings.update
-        plan = batch.plan(t.minibatch_size, t.micro_batch_size)
-        cross = [rows for micro_batches in plan for rows in micro_batches if not batch.is_self_B[rows[0]]]
-        scores = score_self(
-            self.agent, batch.tokens, cross, temperature=t.temperature, length_B=batch.length_B
-        )
-        batch.set_old_scores(scores)
 
     def evaluate(self, request: EvalRequest) -> EvalReport:
         """Greedy accuracy and, with ``k`` > 0, sampled avg@k on one held-out set.
