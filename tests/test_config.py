@@ -40,7 +40,7 @@ def test_defaults_follow_the_paper():
         ({"hacpo": {"window": 0}}, r"hacpo.window = 0 is not allowed: an integer >= 1"),
         (
             {"hacpo": {"uniform_group_guard": False}},
-            r"hacpo.uniform_group_guard = False is not allowed: false only with hacpo.normalize_by_std: false",
+            r"hacpo.uniform_group_guard = False is not allowed: false only with hacpo.normalize_by_std: f",
         ),
         ({"hacpo": {"naive_symmetric": True}}, r"hacpo.naive_symmetric = True is not allowed: only with"),
         ({"train": {"group_size": 1}}, r"train.group_size = 1 is not allowed: >= 2"),

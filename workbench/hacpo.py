@@ -5,8 +5,12 @@ papermill); ``tests/test_import_boundaries.py`` checks it. Every name below is d
 number in the paper (arXiv 2603.02604); ``docs/hacpo.md`` states the method in full.
 """
 
-from workbench.core.advantages import capability_aware_advantages, group_advantages
-from workbench.core.capability import CapabilityTracker, capability_ratios
+from workbench.core.advantages import (
+    CapabilityTracker,
+    capability_aware_advantages,
+    capability_ratios,
+    group_advantages,
+)
 from workbench.core.losses import (
     POLICY_LOSSES,
     LossParams,

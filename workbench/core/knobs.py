@@ -1,7 +1,7 @@
 """The allowed ranges of HACPO's knobs, defined once.
 
 Config validation (``hacpo`` section, `workbench.config.sections.HacpoConfig`), the tuning widgets
-(`workbench.lab.explore.validate_tuning`) and the math that takes them (`workbench.core.capability`) all
+(`workbench.lab.explore.validate_tuning`) and the math that takes them (`workbench.core.advantages`) all
 check a value with `knob_problem`, so the three can never disagree. Standard library only.
 
 | knob | range | why |

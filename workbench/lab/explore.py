@@ -21,8 +21,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from workbench.core.advantages import capability_aware_advantages
-from workbench.core.capability import CapabilityTracker, capability_ratios
+from workbench.core.advantages import CapabilityTracker, capability_aware_advantages, capability_ratios
 from workbench.core.knobs import knob_problem
 from workbench.core.losses import cross_sample_weight, stepwise_lower_bound
 

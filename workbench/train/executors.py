@@ -28,15 +28,7 @@ from typing import Any, Protocol
 
 from workbench.config.agent_spec import AgentSpec
 from workbench.config.sections import RayConfig
-from workbench.train.exchange import (
-    EvalReport,
-    EvalRequest,
-    RolloutReport,
-    RolloutRequest,
-    UpdateReport,
-    UpdateRequest,
-    WorkerState,
-)
+from workbench.train import exchange
 from workbench.train.worker import AgentWorker
 
 __all__ = ["EXECUTORS", "Executor", "LocalExecutor", "RayExecutor", "RayOptions", "make_executor"]
@@ -66,23 +58,23 @@ class Executor(Protocol):
     exception (a `workbench.train.update.TrainingError`...) reaches the caller as itself.
     """
 
-    def rollout(self, requests: list[RolloutRequest]) -> list[RolloutReport]:
+    def rollout(self, requests: list[exchange.RolloutRequest]) -> list[exchange.RolloutReport]:
         """`AgentWorker.rollout` of every agent: sample, then score with the old policy."""
         ...
 
-    def update(self, requests: list[UpdateRequest]) -> list[UpdateReport]:
+    def update(self, requests: list[exchange.UpdateRequest]) -> list[exchange.UpdateReport]:
         """`AgentWorker.update` of every learner: its batch, then its mini-batch updates."""
         ...
 
-    def evaluate(self, request: EvalRequest) -> list[EvalReport]:
+    def evaluate(self, request: exchange.EvalRequest) -> list[exchange.EvalReport]:
         """`AgentWorker.evaluate` of every agent on the same held-out set."""
         ...
 
-    def state_dicts(self) -> list[WorkerState]:
+    def state_dicts(self) -> list[exchange.WorkerState]:
         """`AgentWorker.state_dict` of every agent (weights and optimizer state, on CPU)."""
         ...
 
-    def load_state_dicts(self, states: list[WorkerState]) -> None:
+    def load_state_dicts(self, states: list[exchange.WorkerState]) -> None:
         """`AgentWorker.load_state_dict` of every agent."""
         ...
 
@@ -101,23 +93,23 @@ class LocalExecutor:
     def __init__(self, worker_kwargs: list[dict[str, Any]]) -> None:
         self.workers = [AgentWorker(**kwargs) for kwargs in worker_kwargs]
 
-    def rollout(self, requests: list[RolloutRequest]) -> list[RolloutReport]:
+    def rollout(self, requests: list[exchange.RolloutRequest]) -> list[exchange.RolloutReport]:
         """See `Executor.rollout`."""
         return [w.rollout(r) for w, r in zip(self.workers, requests, strict=True)]
 
-    def update(self, requests: list[UpdateRequest]) -> list[UpdateReport]:
+    def update(self, requests: list[exchange.UpdateRequest]) -> list[exchange.UpdateReport]:
         """See `Executor.update`."""
         return [w.update(r) for w, r in zip(self.workers, requests, strict=True)]
 
-    def evaluate(self, request: EvalRequest) -> list[EvalReport]:
+    def evaluate(self, request: exchange.EvalRequest) -> list[exchange.EvalReport]:
         """See `Executor.evaluate`."""
         return [w.evaluate(request) for w in self.workers]
 
-    def state_dicts(self) -> list[WorkerState]:
+    def state_dicts(self) -> list[exchange.WorkerState]:
         """See `Executor.state_dicts`."""
         return [w.state_dict() for w in self.workers]
 
-    def load_state_dicts(self, states: list[WorkerState]) -> None:
+    def load_state_dicts(self, states: list[exchange.WorkerState]) -> None:
         """See `Executor.load_state_dicts`."""
         for w, state in zip(self.workers, states, strict=True):
             w.load_state_dict(state)
@@ -224,23 +216,23 @@ class RayExecutor:
         for where in self._gather([actor.ready.remote() for actor in self.actors]):
             log.info("ray actor ready: %s", where)
 
-    def rollout(self, requests: list[RolloutRequest]) -> list[RolloutReport]:
+    def rollout(self, requests: list[exchange.RolloutRequest]) -> list[exchange.RolloutReport]:
         """See `Executor.rollout` (all actors at once)."""
         return self._gather([a.rollout.remote(r) for a, r in zip(self.actors, requests, strict=True)])
 
-    def update(self, requests: list[UpdateRequest]) -> list[UpdateReport]:
+    def update(self, requests: list[exchange.UpdateRequest]) -> list[exchange.UpdateReport]:
         """See `Executor.update` (all actors at once)."""
         return self._gather([a.update.remote(r) for a, r in zip(self.actors, requests, strict=True)])
 
-    def evaluate(self, request: EvalRequest) -> list[EvalReport]:
+    def evaluate(self, request: exchange.EvalRequest) -> list[exchange.EvalReport]:
         """See `Executor.evaluate` (all actors at once)."""
         return self._gather([a.evaluate.remote(request) for a in self.actors])
 
-    def state_dicts(self) -> list[WorkerState]:
+    def state_dicts(self) -> list[exchange.WorkerState]:
         """See `Executor.state_dicts`."""
         return self._gather([a.state_dict.remote() for a in self.actors])
 
-    def load_state_dicts(self, states: list[WorkerState]) -> None:
+    def load_state_dicts(self, states: list[exchange.WorkerState]) -> None:
         """See `Executor.load_state_dicts`."""
         self._gather([a.load_state_dict.remote(s) for a, s in zip(self.actors, states, strict=True)])
 

@@ -30,8 +30,12 @@ from typing import Any
 import torch
 
 from workbench.config.experiment import ExperimentConfig
-from workbench.core.advantages import capability_aware_advantages, group_advantages
-from workbench.core.capability import CapabilityTracker, capability_ratios
+from workbench.core.advantages import (
+    CapabilityTracker,
+    capability_aware_advantages,
+    capability_ratios,
+    group_advantages,
+)
 from workbench.core.types import TaskItem
 from workbench.tasks.prompts import build_prompt
 from workbench.tasks.rewards import grade_batch
