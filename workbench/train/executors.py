@@ -26,9 +26,9 @@ import os
 import time
 from typing import Any, Protocol
 
+import workbench.train.exchange as exchange
 from workbench.config.agent_spec import AgentSpec
 from workbench.config.sections import RayConfig
-from workbench.train import exchange
 from workbench.train.worker import AgentWorker
 
 __all__ = ["EXECUTORS", "Executor", "LocalExecutor", "RayExecutor", "RayOptions", "make_executor"]

@@ -235,7 +235,7 @@ class Trainer:
 
         # 3. Capability P̂ of every agent (Eq. 9) and the ratios ω = P̂_k / P̂_j (Eq. 8).
         # HACPO: P̂ includes this step's batch accuracy, taken before advantages (Assumption D.1); ω ≡ 1 in
-        # the warm-up steps. GSPO logs them and uses neither.
+        # the warm-up steps. GSPO and Naive only log them.
         acc_A = rewards_P_A_G.mean(dim=(0, 2))
         self.tracker.update(acc_A)
         p_hat_A = self.tracker.p_hat()
