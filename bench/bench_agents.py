@@ -166,8 +166,9 @@ def worker_score(which: str, mode: str, repeats: int) -> dict:
     """Median tokens/s of sequence_logprobs forward+backward, and the peak RSS of each phase."""
     _reset_peak()
     from workbench.agents.loading import load_agent
-    from workbench.agents.rollout import generate, score_rollouts, sequence_logprobs
+    from workbench.agents.rollout import generate, sequence_logprobs
     from workbench.agents.sharing import build_training_batch
+    from workbench.train.update import UpdateSettings, score_own
 
     agent = load_agent({"model": MODELS[which], **MODES[mode]})
     peaks = {"load": _rss_mb()[1]}
@@ -175,7 +176,7 @@ def worker_score(which: str, mode: str, repeats: int) -> dict:
     rollouts = generate(
         agent, _prompts(which, SCORE_BATCH[which]), n=1, seed=0, max_new_tokens=NEW_TOKENS[which]
     )
-    score_rollouts(agent, rollouts)
+    score_own(agent, rollouts, UpdateSettings(micro_batch_size=32))
     peaks["sample+score"] = _rss_mb()[1]
     _reset_peak()
     batch, _ = build_training_batch(agent, rollouts, learner_index=0)

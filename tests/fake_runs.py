@@ -6,7 +6,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from workbench.train.environment import code_version
+from workbench.core.machine import code_version
 from workbench.train.rundir import RunWriter, create_run_dir
 
 PROMPTS, GROUP = 4, 8

@@ -44,8 +44,11 @@ def test_uniform_group_gives_zero_finite_advantages():
     assert torch.isfinite(adv).all() and (adv == 0).all()
     assert metrics["uniform_group_frac"] == 1.0
     # Without the guard ω creates a signal out of identical rewards (the reason the guard exists).
-    adv_unguarded, _ = capability_aware_advantages(rewards, omega, uniform_group_guard=False, max_reward=None)
+    adv_unguarded, unguarded = capability_aware_advantages(
+        rewards, omega, uniform_group_guard=False, max_reward=None
+    )
     assert (adv_unguarded != 0).any()
+    assert unguarded["uniform_group_frac"] == 1.0  # counted whether or not the guard acts on them
     adv_gspo, _ = group_advantages(torch.zeros(2, 8))
     assert torch.isfinite(adv_gspo).all() and (adv_gspo == 0).all()
 

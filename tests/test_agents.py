@@ -14,7 +14,6 @@ from workbench.agents.loading import load_agent
 from workbench.agents.rollout import (
     generate,
     reference_token_logprobs,
-    score_rollouts,
     sequence_logprobs,
     token_logprobs,
 )
@@ -22,6 +21,7 @@ from workbench.agents.sampling import pick_B, shared_prefix
 from workbench.agents.sharing import build_training_batch
 from workbench.agents.tokens import self_token_batch
 from workbench.config.agent_spec import AgentSpec, AgentSpecError, LoraSpec
+from workbench.train.update import UpdateSettings, score_own
 
 PROMPTS = ["3+4*2", "7-1", "2*3*4-5"]
 
@@ -30,9 +30,9 @@ PROMPTS = ["3+4*2", "7-1", "2*3*4-5"]
 
 
 def test_spec_from_dict_rejects_unknown_key_naming_valid_keys():
-    with pytest.raises(AgentSpecError, match=r"unknown agent key 'lr'.*valid keys.*'quantization'"):
+    with pytest.raises(AgentSpecError, match=r"unknown key agent.lr; valid keys of 'agent'.*'quantization'"):
         AgentSpec.from_dict({"model": "tiny:gpt2-char", "lr": 1e-4})
-    with pytest.raises(AgentSpecError, match=r"unknown lora key 'rank'"):
+    with pytest.raises(AgentSpecError, match=r"unknown key lora.rank; valid keys of 'lora'"):
         AgentSpec.from_dict({"model": "x", "lora": {"rank": 8}})
 
 
@@ -294,9 +294,9 @@ def _direct_logps(agent, prompt_ids, response_ids, temperature):
     return [float(logp[start - 1 + i, t]) for i, t in enumerate(response_ids)]
 
 
-def test_score_rollouts_matches_a_direct_forward_at_the_sampling_temperature(bpe_agent):
+def test_old_scores_match_a_direct_forward_at_the_sampling_temperature(bpe_agent):
     rollouts = generate(bpe_agent, PROMPTS, n=2, seed=1, temperature=0.7)
-    score_rollouts(bpe_agent, rollouts, temperature=0.7, micro_batch_size=4)
+    score_own(bpe_agent, rollouts, UpdateSettings(temperature=0.7, minibatch_size=4, micro_batch_size=3))
     for r in rollouts:
         expected = _direct_logps(bpe_agent, r.prompt_ids, r.response_ids, 0.7)
         assert r.old_logp_count == len(r.response_ids)
@@ -321,7 +321,7 @@ def test_token_logprobs_alignment_and_mask(char_agent):
 def test_on_policy_self_samples_have_sequence_ratio_one(which, request):
     agent = request.getfixturevalue(which)
     rollouts = generate(agent, PROMPTS, n=4, seed=3)
-    score_rollouts(agent, rollouts)
+    score_own(agent, rollouts, UpdateSettings())
     batch, counts = build_training_batch(agent, rollouts, learner_index=0)
     assert counts["self"] == len(rollouts) and counts["reencoded"] == 0
     new_mean_B = sequence_logprobs(agent, batch)
@@ -395,7 +395,7 @@ def test_full_finetune_reference_is_the_initial_model(char_agent_dir):
     assert len(agent.trainable_parameters()) == len(list(agent.model.parameters()))
     batch = _train_steps(agent, steps=2)
     initial = load_agent(str(char_agent_dir))
-    ref_logp, _ = reference_token_logprobs(agent, batch, micro_batch_size=2)
+    ref_logp, _ = reference_token_logprobs(agent, batch)
     init_logp, _ = token_logprobs(initial, batch)
     assert torch.allclose(ref_logp, init_logp.detach(), atol=1e-5)
     assert not torch.allclose(token_logprobs(agent, batch)[0].detach(), init_logp.detach(), atol=1e-3)
@@ -423,7 +423,7 @@ def test_4bit_lora_loads_on_cpu_and_trains_with_correct_gradients(bpe_agent_dir)
     agent = load_agent(spec)
     assert any(isinstance(m, bnb.nn.Linear4bit) for m in agent.model.modules())
     rollouts = generate(agent, PROMPTS, n=2, seed=5, max_new_tokens=12)  # no-grad eval passes first
-    score_rollouts(agent, rollouts)
+    score_own(agent, rollouts, UpdateSettings())
     batch, _ = build_training_batch(agent, rollouts, learner_index=0)
     grads = _lora_grads(agent, batch)
     # Same gradients as a fresh copy that never ran a no-grad pass: no silent switch to a non-autograd kernel.
@@ -450,7 +450,7 @@ def test_8bit_lora_loads_and_generates_without_warning_spam(bpe_agent_dir, caplo
 def test_agent_on_cuda_generates_and_scores(bpe_agent_dir):
     agent = load_agent({"model": str(bpe_agent_dir), "device": "cuda", "dtype": "float32"})
     rollouts = generate(agent, PROMPTS, n=2, seed=0)
-    score_rollouts(agent, rollouts)
+    score_own(agent, rollouts, UpdateSettings())
     assert agent.device.type == "cuda" and all(math.isfinite(r.old_logp_sum) for r in rollouts)
 
 

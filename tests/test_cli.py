@@ -12,7 +12,7 @@ import yaml
 
 from workbench.__main__ import _seeds, main
 from workbench.agents.loading import load_agent
-from workbench.lab.runner import smoke_overrides
+from workbench.jobs.runner import smoke_overrides
 
 Q = "experiments/quickstart.yaml"
 
@@ -92,8 +92,16 @@ def test_train_evaluate_export_and_summarize_from_the_command_line(cli, tmp_path
     assert {"greedy_acc", "avg@2", "pass@1", "pass@2", "best@2"} <= set(evals["metric"])
     assert evals["value"].between(0, 1).all() and (evals["items"] == 6).all()
     assert "avg@2 per agent and benchmark (Table-1 layout, one run each)" in out
-    table = pd.read_csv(tmp_path / "ev" / "table1.csv")
-    assert list(table.columns) == ["agent", "method", "embedded", "AVG"] and set(table["method"]) == {"hacpo"}
+    table = pd.read_csv(tmp_path / "ev" / "table1.csv")  # the Table-1 layout: mean, std, n, se per column
+    assert list(table.columns[:6]) == [
+        "agent",
+        "model",
+        "embedded_mean",
+        "embedded_std",
+        "embedded_n",
+        "embedded_se",
+    ]
+    assert set(table["model"]) == {"gpt2-char (HACPO)", "llama-bpe (HACPO)"} and (table["AVG_n"] == 1).all()
     assert (tmp_path / "ev" / "table1.tex").is_file() and (tmp_path / "ev" / "samples.jsonl").is_file()
 
     code, out = cli("export", str(run_dir), "--agent", "llama-bpe", "--out", str(tmp_path / "hf"))

@@ -1,5 +1,6 @@
-"""Seeds through the library (workbench.lab.compare): one run per seed and method, and the demo's accuracy
-table as mean ± std over seeds. Training is replaced by a recorder; run directories are written by hand."""
+"""Seeds through the library (workbench.jobs.compare): one run per seed and method, and the demo's accuracy
+table (workbench.lab.accuracy) as mean ± std over seeds. Training is replaced by a recorder; run directories
+are written by hand."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import yaml
 from fake_runs import write_run
 
 from workbench.config.checks import ConfigError
-from workbench.lab import compare, report
+from workbench.jobs import compare
+from workbench.lab import accuracy, report
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "experiments" / "quickstart.yaml"
@@ -99,7 +101,7 @@ def comparison(tmp_path):
 
 
 def test_accuracy_table_mean_std_n_and_paired_gains(comparison):
-    table = compare.accuracy_table(comparison)
+    table = accuracy.accuracy_table(comparison)
     assert list(table.index) == [("a", "greedy_acc"), ("a", "avg@4"), ("b", "greedy_acc"), ("b", "avg@4")]
     groups = list(dict.fromkeys(table.columns.get_level_values(0)))
     assert groups == ["initial", "hacpo", "gspo", "hacpo − gspo"]
@@ -114,13 +116,13 @@ def test_accuracy_table_mean_std_n_and_paired_gains(comparison):
     assert a[("initial", "se")] == pytest.approx(math.sqrt(0.4 * 0.6 / 100), abs=1e-3)
     assert a[("hacpo", "se")] == pytest.approx(math.sqrt(0.02**2 / 3 + se_run**2), abs=2e-3)
     assert list(table.attrs["excluded"]["reason"]) == ["not finished (no DONE marker)"]
-    greedy_only = compare.accuracy_table({m: p[0] for m, p in comparison.items()}, metrics=["greedy_acc"])
+    greedy_only = accuracy.accuracy_table({m: p[0] for m, p in comparison.items()}, metrics=["greedy_acc"])
     assert list(greedy_only.index) == [("a", "greedy_acc"), ("b", "greedy_acc")]
     assert greedy_only.loc[("a", "greedy_acc"), ("hacpo", "n")] == 1
 
 
 def test_save_accuracy_table_csv_columns_and_latex(comparison, tmp_path):
-    table = compare.accuracy_table(comparison)
+    table = accuracy.accuracy_table(comparison)
     files = report.save_accuracy_table(table, tmp_path / "out")
     assert [f.name for f in files] == ["accuracy.tex", "accuracy.csv", "accuracy.md", "excluded.csv"]
     text = (tmp_path / "out" / "accuracy.md").read_text()

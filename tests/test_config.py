@@ -37,7 +37,12 @@ def test_defaults_follow_the_paper():
         ({"trian": {}}, r"unknown key 'trian'; valid top-level keys"),
         ({"train": {"lr_rate": 1}}, r"unknown key train.lr_rate; valid keys of 'train'"),
         ({"hacpo": {"delta": 1.0}}, r"hacpo.delta = 1.0 is not allowed: in \[0, 1\)"),
-        ({"hacpo": {"window": 0}}, r"hacpo.window = 0 is not allowed: >= 1"),
+        ({"hacpo": {"window": 0}}, r"hacpo.window = 0 is not allowed: an integer >= 1"),
+        (
+            {"hacpo": {"uniform_group_guard": False}},
+            r"hacpo.uniform_group_guard = False is not allowed: false only with hacpo.normalize_by_std: f",
+        ),
+        ({"hacpo": {"naive_symmetric": True}}, r"hacpo.naive_symmetric = True is not allowed: only with"),
         ({"train": {"group_size": 1}}, r"train.group_size = 1 is not allowed: >= 2"),
         (
             {"train": {"prompts_per_step": 16, "minibatch_prompts": 5}},
@@ -182,11 +187,12 @@ def test_a_known_label_must_match_its_switches(name):
     with pytest.raises(
         ConfigError, match=rf"label = '{name}' is not allowed with hacpo\.\w+ = .*{re.escape(method.label)}"
     ):
-        _cfg(label=name)
-    cfg = _cfg(label=name, hacpo=dict(method.switches))
+        _cfg(label=name, algorithm=method.algorithm)
+    cfg = _cfg(label=name, algorithm=method.algorithm, hacpo=dict(method.switches))
     assert cfg.method == name
-    with pytest.raises(ConfigError, match=rf"label = '{name}' is not allowed with algorithm = 'naive'"):
-        dataclasses.replace(cfg, algorithm="naive")
+    other = "hacpo" if method.algorithm == "naive" else "naive"
+    with pytest.raises(ConfigError, match=rf"label = '{name}' is not allowed with algorithm = '{other}'"):
+        dataclasses.replace(cfg, algorithm=other)
 
 
 def test_algorithm_labels_and_unknown_labels():

@@ -12,10 +12,8 @@ import yaml
 from workbench.__main__ import main
 from workbench.config import RayConfig
 from workbench.config.experiment import EXECUTORS, ConfigError, from_dict
-from workbench.config.loading import load_experiment
+from workbench.config.loading import config_hash, load_experiment
 from workbench.train import executors
-from workbench.train.rundir import config_hash
-from workbench.train.trainer import _ray_options
 
 AGENTS = [{"name": "a", "model": "tiny:x"}, {"name": "b", "model": "tiny:y"}]
 
@@ -27,7 +25,7 @@ def _cfg(**top):
 def test_default_is_local_with_default_ray_options():
     cfg = _cfg()
     assert cfg.executor == "local" and cfg.ray == RayConfig()
-    assert _ray_options(cfg.ray) == executors.RayOptions()
+    assert executors.RayOptions.from_config(cfg.ray) == executors.RayOptions()
 
 
 def test_the_config_knows_the_executors_and_ray_options_of_the_train_layer():
@@ -65,7 +63,7 @@ def test_a_yaml_with_executor_ray_and_a_ray_section_loads(tmp_path):
     cfg = load_experiment(path)
     assert cfg.executor == "ray"
     assert cfg.ray == RayConfig(address="auto", cpus_per_agent=2.0, gpus_per_agent=0.5)
-    assert _ray_options(cfg.ray) == executors.RayOptions("auto", 2.0, 0.5)
+    assert executors.RayOptions.from_config(cfg.ray) == executors.RayOptions("auto", 2.0, 0.5)
     assert from_dict(cfg.to_dict()) == cfg  # config.yaml reads back as the same config
     assert load_experiment(path, ["executor=local", "ray.cpus_per_agent=3"]).ray.cpus_per_agent == 3.0
 

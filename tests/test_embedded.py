@@ -10,7 +10,8 @@ import pytest
 from workbench.agents import embedded
 from workbench.agents.embedded import EMBEDDED_MODELS, EmbeddedModelError, ensure_embedded, is_cached
 from workbench.agents.loading import load_agent
-from workbench.agents.rollout import generate, score_rollouts
+from workbench.agents.rollout import generate
+from workbench.train.update import UpdateSettings, score_own
 
 
 def test_registry_names_the_heterogeneous_pair():
@@ -71,5 +72,5 @@ def test_smollm2_loads_offline_and_answers_a_chat_prompt(smollm2_dir, monkeypatc
     rollouts = generate(agent, ["What is the capital of France?"], n=1, temperature=0.0)
     assert rollouts[0].text.strip(), rollouts[0]
     assert "Paris" in rollouts[0].text
-    score_rollouts(agent, rollouts, temperature=1.0)
+    score_own(agent, rollouts, UpdateSettings(temperature=1.0))
     assert rollouts[0].old_logp_count == len(rollouts[0].response_ids) and rollouts[0].old_logp_sum < 0

@@ -193,7 +193,7 @@ def test_item_rows_count_correct_responses_per_item(fake_agents):
 
 
 def test_summary_rows_fit_the_results_log(fake_agents):
-    from workbench.train.evalcsv import _EVAL_METRIC_RE, item_row
+    from workbench.core.evalcsv import _EVAL_METRIC_RE, item_row
 
     items = embedded_task("test", 4)
     result = evaluate(

@@ -47,10 +47,7 @@ def ray_session(hacpo_cache):
 
 
 def _config(root: Path, executor: str):
-    cfg = from_dict({"experiment": "ex", "output": {"root": str(root)}, **TINY})
-    # TODO(issue 13): a validated `executor` config field; until then set on the frozen config directly.
-    object.__setattr__(cfg, "executor", executor)
-    return cfg
+    return from_dict({"experiment": "ex", "executor": executor, "output": {"root": str(root)}, **TINY})
 
 
 def _metrics(run_dir: Path) -> list[dict]:

@@ -57,8 +57,8 @@ def test_cross_weight_one_curve_set_per_pair():
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"delta": 1.0}, r"delta = 1\.0 is out of range: must be in \[0, 1\)"),
-        ({"alpha": -0.5}, r"alpha = -0\.5 is out of range: must be a finite number >= 0"),
+        ({"delta": 1.0}, r"delta = 1\.0 is not allowed: in \[0, 1\) \(the lower bound 1 − δ must be"),
+        ({"alpha": -0.5}, r"alpha = -0\.5 is not allowed: >= 0"),
         ({"delta_step": math.nan}, r"delta_step = nan"),
         ({"n_minibatches": 0}, r"n_minibatches = 0 .*integer in \[1, 64\]"),
         ({"omega": -1.0}, r"omega\['ω = -1'\] = -1\.0"),
@@ -73,7 +73,7 @@ def test_cross_weight_rejects_bad_values_by_name(kwargs, message):
 
 def test_validate_tuning_clamp_order_and_window():
     validate_tuning(alpha=0.0, delta=0.0, delta_step=0.0, window=1, min_ratio=1.0, max_ratio=1.0)
-    with pytest.raises(ValueError, match=r"min_ratio = 1\.5 is out of range: must be in \(0, 1\]"):
+    with pytest.raises(ValueError, match=r"min_ratio = 1\.5 is not allowed: in \(0, 1\]"):
         validate_tuning(min_ratio=1.5, max_ratio=10.0)
     with pytest.raises(ValueError, match=r"window = 2\.5 .*integer >= 1"):
         validate_tuning(window=2.5)
@@ -122,11 +122,11 @@ def test_capability_table_window_over_a_history():
 
 
 def test_capability_table_rejects_bad_accuracies_and_names():
-    with pytest.raises(ValueError, match=r"accuracies\[1\]\[0\] = 1\.5 is out of range"):
+    with pytest.raises(ValueError, match=r"accuracies\[1\]\[0\] = 1\.5 is not allowed"):
         capability_table([0.5, 1.5])
     with pytest.raises(ValueError, match="agents has 1 names for 2 agents"):
         capability_table([0.5, 0.5], agents=["x"])
-    with pytest.raises(ValueError, match=r"min_ratio = 2 is out of range: must be in \(0, 1\]"):
+    with pytest.raises(ValueError, match=r"min_ratio = 2 is not allowed: in \(0, 1\]"):
         capability_table([0.5, 0.5], min_ratio=2, max_ratio=1.5)
 
 

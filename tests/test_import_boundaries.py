@@ -3,6 +3,9 @@
 Every ``import`` statement of ``workbench/`` is read with ``ast``, wherever it sits (module level, inside a
 function, under ``TYPE_CHECKING``): an import inside a function is still a dependency, so it may not dodge the
 rule or close a cycle.
+
+Besides the order of the layers, the lab reads results and never runs a model: it imports neither
+``workbench.train`` nor ``workbench.agents`` (`READ_ONLY`); what trains or runs models sits in ``jobs``.
 """
 
 from __future__ import annotations
@@ -16,8 +19,11 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "workbench"
 
-LAYERS = ("core", "tasks", "config", "agents", "train", "lab")
+LAYERS = ("core", "tasks", "config", "agents", "train", "lab", "jobs")
 """Bottom to top: a module imports only from its own layer or a lower one."""
+READ_ONLY = {"lab": ("agents", "train")}
+"""Layers that may not import some lower ones: the lab reads run directories and never trains or loads a
+model, so it can start nothing."""
 TOP = {"workbench", "workbench.__main__", "workbench.hacpo"}
 """Entry points above every layer (``hacpo`` is the math facade and may import ``core`` only)."""
 
@@ -29,7 +35,7 @@ HEAVY_ALLOWED = {
     "tokenizers": {"agents"},
     "altair": {"lab.plots"},
     "ipywidgets": {"lab.widgets"},
-    "papermill": {"lab.runner"},
+    "papermill": {"jobs.runner"},
     "ray": {"train.executors"},
 }
 """Where each heavy third-party package may be imported (a layer, or one ``layer.module``)."""
@@ -78,6 +84,32 @@ def test_imports_only_go_down_or_sideways():
         if _layer(target) > _layer(module)
     ]
     assert upward == [], "upward imports:\n" + "\n".join(upward)
+
+
+@pytest.mark.parametrize("layer", sorted(READ_ONLY))
+def test_read_only_layers_never_import_what_trains_or_runs_models(layer):
+    forbidden = READ_ONLY[layer]
+    offenders = [
+        f"{module} imports {target}"
+        for module, targets in GRAPH.items()
+        if module.split(".")[1:2] == [layer]
+        for target in targets
+        if target.split(".")[1:2] and target.split(".")[1] in forbidden
+    ]
+    assert offenders == [], f"workbench.{layer} must not import {forbidden}:\n" + "\n".join(offenders)
+
+
+def test_the_lab_loads_without_models_or_training():
+    """At run time too: importing every lab module pulls in no trainer, no agent and no transformers."""
+    code = (
+        "import pkgutil, importlib, sys, workbench.lab\n"
+        "for m in pkgutil.walk_packages(workbench.lab.__path__, 'workbench.lab.'):\n"
+        "    importlib.import_module(m.name)\n"
+        "above = ('workbench.train', 'workbench.agents', 'workbench.jobs', 'transformers', 'peft')\n"
+        "print(','.join(sorted(m for m in sys.modules if m.startswith(above))))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "", f"workbench.lab pulled in: {out.stdout.strip()}"
 
 
 def test_the_math_facade_imports_core_only():

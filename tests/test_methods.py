@@ -29,7 +29,7 @@ def test_every_method_runs_on_existing_machinery(name):
     assert method.algorithm in ALGORITHMS
     base = ALGORITHMS[method.algorithm]
     # An ablation is its algorithm plus switches: identical mechanics, never forked code.
-    mechanics = ("share_rollouts", "loss", "capability_advantages", "group_multiplier", "clip")
+    mechanics = ("share_rollouts", "loss", "capability_advantages", "omega_coef", "group_multiplier", "clip")
     assert [getattr(method, k) for k in mechanics] == [getattr(base, k) for k in mechanics]
     assert bool(method.switches) == (not method.is_algorithm)
 

@@ -13,7 +13,7 @@ import pandas as pd
 import papermill
 import pytest
 
-from workbench.lab import runner
+from workbench.jobs import runner
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))

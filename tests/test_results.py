@@ -15,9 +15,11 @@ import pytest
 import torch
 import yaml
 
+from workbench.config.loading import config_hash
+from workbench.core import evalcsv
 from workbench.lab import frames
 from workbench.train import rundir as results
-from workbench.train.rundir import RunWriter, config_hash, create_run_dir, find_run
+from workbench.train.rundir import RunWriter, create_run_dir, find_run
 
 AGENTS = ("char-gpt2", "bpe-llama")
 
@@ -321,7 +323,7 @@ def test_load_runs_edge_cases(tmp_path):
 def test_load_evals(two_runs):
     root, *_ = two_runs
     ev = frames.load_evals(root)
-    assert list(ev.columns) == [*frames.ID_COLUMNS, *results.EVAL_COLUMNS, "items"]
+    assert list(ev.columns) == [*frames.ID_COLUMNS, *evalcsv.EVAL_COLUMNS, "items"]
     assert len(ev) == 8 and set(ev["metric"]) == {"avg@4"} and (ev["value"] == 0.5).all()
     assert ev["items"].isna().all()  # the configs name no task.eval_size: standard errors unknown
 
@@ -334,7 +336,7 @@ def test_load_eval_items_final_step_and_scores(two_runs):
         4, [{"agent": "x", "benchmark": "arith", "item": "NA", "greedy": None, "sampled": None, "k": 0}]
     )
     items = load_eval_items(root)
-    assert list(items.columns) == [*frames.ID_COLUMNS, *results.ITEM_COLUMNS]
+    assert list(items.columns) == [*frames.ID_COLUMNS, *evalcsv.ITEM_COLUMNS]
     assert len(items) == 2 * 2 * 2 * 3 + 1 and items["seed"].dtype == "Int64"
     final = final_items(items)
     assert sorted(set(zip(final["algorithm"], final["step"]))) == [("gspo", 2), ("hacpo", 4)]

@@ -106,7 +106,7 @@ def test_duplicate_seed_keeps_the_newer_run_and_experiments_are_separate(tmp_pat
 
 
 def test_default_version_is_this_code_and_files_may_be_broken(tmp_path):
-    from workbench.train.environment import code_version
+    from workbench.core.machine import code_version
 
     run = _run(tmp_path, 0, version=code_version())
     broken = _run(tmp_path, 1)

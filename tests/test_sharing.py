@@ -9,10 +9,11 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from workbench.agents.rollout import generate, score_rollouts, sequence_logprobs
+from workbench.agents.rollout import generate, sequence_logprobs
 from workbench.agents.sharing import build_training_batch, reencode_response
 from workbench.agents.tokens import TokenBatch, pack
 from workbench.core.types import Rollout
+from workbench.train.update import UpdateSettings, score_own
 
 PROMPTS = ["3+4*2", "7-1", "2*3*4-5", "9"]
 
@@ -39,7 +40,7 @@ def test_pack_select_and_len():
 def test_cross_samples_round_trip_between_tokenizers(source, learner, request):
     src, dst = request.getfixturevalue(source), request.getfixturevalue(learner)
     rollouts = generate(src, PROMPTS, n=3, seed=0, author=1)
-    score_rollouts(src, rollouts)
+    score_own(src, rollouts, UpdateSettings())
     olds = [(r.old_logp_sum, r.old_logp_count) for r in rollouts]
     batch, counts = build_training_batch(dst, rollouts, learner_index=0)
     assert counts["reencoded"] == len(rollouts) and counts["self"] == 0
@@ -108,7 +109,7 @@ def test_long_cross_responses_are_truncated_and_counted(char_agent):
 def test_cross_ratio_uses_each_sides_own_token_count(char_agent, bpe_agent):
     """s = exp(mean learner logp over learner tokens - mean source logp over source tokens) is finite."""
     other = generate(bpe_agent, PROMPTS, n=2, seed=2, author=1)
-    score_rollouts(bpe_agent, other)
+    score_own(bpe_agent, other, UpdateSettings())
     batch, _ = build_training_batch(char_agent, other, learner_index=0)
     new_mean_B = sequence_logprobs(char_agent, batch).detach()
     old_mean_B = torch.tensor([r.old_logp_mean for r in other], dtype=new_mean_B.dtype)

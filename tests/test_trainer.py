@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import math
 import os
 import signal
 import subprocess
@@ -279,3 +280,20 @@ def test_a_finished_run_made_by_other_code_is_not_reused_silently(tmp_path, monk
         first,
         second,
     )  # explicitly allowed: a matching run is reused
+
+
+def test_symmetric_naive_trains_shared_samples_against_the_learners_own_policy(tmp_path):
+    """One step of Naive and of its symmetric variant from the same rollouts: only the shared samples' ratios
+    differ (the variant's start from the learner's own policy, so they stay near 1)."""
+    one_step = {"train": {**TINY["train"], "steps": 1}, "task": {**TINY["task"], "eval_size": 0}}
+    runs = {}
+    for label, switch in (("naive", False), ("naive-sym", True)):
+        cfg = _config(
+            tmp_path / label, algorithm="naive", label=label, hacpo={"naive_symmetric": switch}, **one_step
+        )
+        runs[label] = load_runs([train(cfg)]).iloc[-1]
+    naive, sym = runs["naive"], runs["naive-sym"]
+    assert naive["train/acc/gpt2-char"] == sym["train/acc/gpt2-char"]  # the same rollouts
+    for learner, source in (("gpt2-char", "llama-bpe"), ("llama-bpe", "gpt2-char")):
+        cross = f"is/{learner}/{source}/ratio_mean"
+        assert abs(math.log(sym[cross])) < abs(math.log(naive[cross])), (sym[cross], naive[cross])

@@ -6,16 +6,15 @@ import pytest
 import torch
 
 from workbench.agents.loading import load_agent
-from workbench.agents.rollout import generate, score_rollouts
-from workbench.agents.tokens import self_token_batch
+from workbench.agents.rollout import generate
 from workbench.config.agent_spec import AgentSpec
 from workbench.core import losses
 from workbench.core.losses import LossParams, PolicyBatch
 from workbench.core.types import Rollout
 from workbench.train import update as update_module
-from workbench.train.batches import build_learner_batch
-from workbench.train.exchange import as_cross_rollout, share
-from workbench.train.update import UpdateSettings, plan_micro_batches, score_self, update_learner
+from workbench.train.batches import build_learner_batch, plan_micro_batches
+from workbench.train.exchange import RolloutRequest, UpdateRequest, as_cross_rollout, share
+from workbench.train.update import UpdateSettings, score_own, update_learner
 from workbench.train.worker import AgentWorker, WorkerSettings
 
 PROMPTS = ["2+3", "4*2", "7-5"]
@@ -36,17 +35,14 @@ def _worker_settings(**update):
 
 
 def test_micro_batch_plan_never_mixes_self_and_cross_rows():
-    assert plan_micro_batches(6, 12, 6, 4) == [[range(0, 4), range(4, 6)], [range(6, 10), range(10, 12)]]
-    assert plan_micro_batches(3, 8, 4, 2) == [
-        [range(0, 2), range(2, 3), range(3, 4)],
-        [range(4, 6), range(6, 8)],
-    ]
-    for n_self, n, mb, micro in [(5, 13, 4, 3), (0, 7, 3, 2), (7, 7, 4, 8), (16, 48, 8, 128)]:
-        plan = plan_micro_batches(n_self, n, mb, micro)
+    assert plan_micro_batches(range(12), 6, 2, 4) == [[[0, 1, 2, 3], [4, 5]], [[6, 7, 8, 9], [10, 11]]]
+    assert plan_micro_batches(range(8), 3, 2, 2) == [[[0, 1], [2], [3]], [[4, 5], [6, 7]]]
+    for n_self, n, mb, micro in [(5, 12, 4, 3), (0, 6, 3, 2), (7, 7, 7, 8), (16, 48, 8, 128)]:
+        plan = plan_micro_batches(range(n), n_self, n // mb, micro)
         rows = [r for micros in plan for rows in micros for r in rows]
         assert rows == list(range(n))  # every row once, in order
-        assert [sum(map(len, micros)) for micros in plan] == [min(mb, n - s) for s in range(0, n, mb)]
-        assert all(r.stop <= n_self or r.start >= n_self for micros in plan for r in micros)
+        assert [sum(map(len, micros)) for micros in plan] == [mb] * (n // mb)  # mini-batches of mb rows
+        assert all(max(r) < n_self or min(r) >= n_self for micros in plan for r in micros)
         assert all(len(r) <= micro for micros in plan for r in micros)
 
 
@@ -56,7 +52,7 @@ def pair(char_agent_dir, bpe_agent):
     learner = load_agent(str(char_agent_dir))
     own = generate(learner, PROMPTS, n=2, seed=0, max_new_tokens=8, author=0)
     other = generate(bpe_agent, PROMPTS, n=2, seed=1, max_new_tokens=8, author=1)
-    score_rollouts(bpe_agent, other)
+    score_own(bpe_agent, other, UpdateSettings())
     cross = [as_cross_rollout(share(r)) for r in other]
     advantages_P_A_G = torch.linspace(-1, 1, len(PROMPTS) * 2 * 2).reshape(len(PROMPTS), 2, 2)
     return learner, own, cross, advantages_P_A_G
@@ -72,17 +68,20 @@ def test_one_no_grad_pass_over_own_rows_only_and_self_ratio_exactly_one(pair, mo
         return real(agent, view, temperature=temperature)
 
     monkeypatch.setattr(update_module, "token_logprobs", counting)
-    scores = score_self(learner, self_token_batch(own, learner.pad_token_id), SETTINGS)
-    batch = build_learner_batch(learner, 0, own, cross, advantages_P_A_G, torch.tensor([1.0, 2.0]))
+    scores = score_own(learner, own, SETTINGS)
+    batch = build_learner_batch(learner, 0, own, cross, advantages_P_A_G, torch.tensor([1.0, 2.0]), scores)
     optimizer = torch.optim.AdamW(learner.trainable_parameters(), lr=1e-3)
-    out = update_learner(learner, optimizer, batch, scores, LossParams(), SETTINGS)
+    out = update_learner(learner, optimizer, batch, LossParams(), SETTINGS)
     # the learner's no-grad pass saw its own rows once; every row was trained once; cross rows never no-grad
     assert seen == {"no_grad_rows": len(own), "grad_rows": len(own) + len(cross)}
-    # its sums are the author's shared old log-likelihoods: what score_rollouts computes, same weights
+    # its sums are what it shares: its log-likelihood of each own response, whatever the micro-batches
     reference = [dataclasses.replace(r) for r in own]
-    score_rollouts(load_agent(str(learner.source)), reference)
-    assert scores.old_logp_sum == pytest.approx([r.old_logp_sum for r in reference], abs=1e-4)
-    assert scores.old_logp_count == [r.old_logp_count for r in reference]
+    score_own(
+        load_agent(str(learner.source)), reference, UpdateSettings(minibatch_size=1, micro_batch_size=1)
+    )
+    assert scores.sums == pytest.approx([r.old_logp_sum for r in reference], abs=1e-4)
+    assert scores.counts == [r.old_logp_count for r in reference] == [r.length for r in own]
+    assert [r.old_logp_sum for r in own] == scores.sums
     # on-policy self samples of the first mini-batch: s = 1 bit-exactly (scored in the same micro-batches)
     assert torch.equal(out.ratio_B[: SETTINGS.minibatch_size], torch.ones(SETTINGS.minibatch_size))
     assert out.n_updates == 2 and len(out.kls) == 2  # KL on the two self micro-batches only
@@ -104,21 +103,18 @@ def test_every_tensor_a_loss_receives_sits_on_the_learner_device(pair, monkeypat
 
     Torch refuses to mix meta and CPU tensors in one op just as it refuses CUDA and CPU (0-dim CPU scalars
     aside), so a batch tensor that is not moved to the learner's device fails here as on a GPU, where the
-    first HACPO step used to fail at a ``torch.where`` mixing CPU flags with CUDA log-probs (issue 12).
-    Meta tensors hold no values, so each case stops at its spy: the loss (cross rows) or the KL (self rows).
+    first HACPO step once failed at a ``torch.where`` mixing CPU flags with CUDA log-probs. Meta tensors hold
+    no values, so each case stops at its spy: the loss (cross rows) or the KL (self rows).
     """
     learner, own, cross, advantages_P_A_G = pair
     if rows == "cross":
         own = []
-    scores = score_self(learner, self_token_batch(own, learner.pad_token_id), SETTINGS) if own else None
-    batch = build_learner_batch(learner, 0, own, cross, advantages_P_A_G, torch.tensor([1.0, 2.0]))
+    scores = score_own(learner, own, SETTINGS)
+    batch = build_learner_batch(learner, 0, own, cross, advantages_P_A_G, torch.tensor([1.0, 2.0]), scores)
     meta = torch.device("meta")
-    if scores is None:
-        scores = update_module.SelfScores([], torch.zeros(0, device=meta), [], [])
-    # what score_self returns on a GPU: the learner's old and reference log-probs on its device
-    scores.old_logp_mean_B = scores.old_logp_mean_B.to(meta)
-    for micro in scores.micros:
-        micro.old_logp_B_T, micro.ref_logp_B_T = micro.old_logp_B_T.to(meta), micro.ref_logp_B_T.to(meta)
+    # what score_self leaves on a GPU: the learner's old and reference token log-probs on its device
+    batch.old_logp_T = [None if t is None else t.to(meta) for t in batch.old_logp_T]
+    batch.ref_logp_T = [None if t is None else t.to(meta) for t in batch.ref_logp_T]
     learner.device = meta
 
     def meta_logprobs(agent, view, *, temperature=1.0):
@@ -144,7 +140,7 @@ def test_every_tensor_a_loss_receives_sits_on_the_learner_device(pair, monkeypat
     monkeypatch.setattr(update_module, "low_var_kl", spy_kl)
     optimizer = torch.optim.AdamW(learner.trainable_parameters(), lr=1e-3)
     with pytest.raises(_ReachedError):
-        update_learner(learner, optimizer, batch, scores, LossParams(), SETTINGS)
+        update_learner(learner, optimizer, batch, LossParams(), SETTINGS)
     assert received and all(device == meta for seen in received for device in seen.values()), received
     assert {"old_logp_mean_B", "advantages_B", "is_self_B", "cross_coef_B", "logp_B_T"} <= set(received[0])
 
@@ -175,21 +171,22 @@ def test_an_engine_plugs_into_the_worker_and_its_samples_are_rescored_by_the_mod
     worker = AgentWorker(
         AgentSpec(str(char_agent_dir), name="char"), 0, ["char"], _worker_settings(), engine=ScriptedEngine
     )
-    report = worker.rollout(PROMPTS, n=2, seed=0)
+    report = worker.rollout(RolloutRequest(PROMPTS, 2, seed=0))
     assert [r.text for r in report.rollouts] == ["0", "1", "1", "2", "2", "3"]
     # old log-likelihoods come from the trained model, never from the engine
     direct = [dataclasses.replace(r) for r in worker._own]
-    score_rollouts(load_agent(str(char_agent_dir)), direct)
+    score_own(load_agent(str(char_agent_dir)), direct, UpdateSettings())
     assert [r.old_logp_sum for r in report.rollouts] == pytest.approx(
         [r.old_logp_sum for r in direct], abs=1e-4
     )
     advantages_P_A_G = torch.linspace(-1, 1, len(PROMPTS) * 2).reshape(len(PROMPTS), 1, 2)
-    result = worker.update([], advantages_P_A_G, torch.ones(1), where="test")
+    request = UpdateRequest([], advantages_P_A_G, torch.ones(1), where="test")
+    result = worker.update(request)
     assert worker.engine.synced == 1 and result.metrics["is/char/char/ratio_mean"] == pytest.approx(
         1.0, abs=1e-3
     )
     with pytest.raises(RuntimeError, match="update before rollout"):
-        worker.update([], advantages_P_A_G, torch.ones(1), where="test")
+        worker.update(request)
 
 
 def test_an_engine_that_breaks_the_contract_is_named(char_agent_dir):
@@ -203,26 +200,30 @@ def test_an_engine_that_breaks_the_contract_is_named(char_agent_dir):
         AgentSpec(str(char_agent_dir), name="char"), 0, ["char"], _worker_settings(), engine=WrongPrompt
     )
     with pytest.raises(ValueError, match="rollout 3: prompt or prompt_ids"):
-        worker.rollout(PROMPTS, n=2, seed=0)
+        worker.rollout(RolloutRequest(PROMPTS, 2, seed=0))
 
 
 def test_plan_spreads_kept_rows_over_the_full_batch_update_count():
-    assert plan_micro_batches(4, 10, 6, 4, n_minibatches=2) == [
-        [range(0, 4), range(4, 5)],
-        [range(5, 9), range(9, 10)],
-    ]
-    assert plan_micro_batches(0, 0, 6, 4, n_minibatches=3) == []
-    assert plan_micro_batches(2, 2, 6, 4, n_minibatches=3) == [[range(0, 1)], [range(1, 2)]]  # never empty
-    assert plan_micro_batches(6, 12, 6, 4, n_minibatches=2) == plan_micro_batches(6, 12, 6, 4)
+    kept = [0, 1, 2, 3, 6, 7, 8, 9, 10, 11]  # rows 4, 5 left out; self rows are 0..5
+    assert plan_micro_batches(kept, 6, 2, 4) == [[[0, 1, 2, 3], [6]], [[7, 8, 9, 10], [11]]]
+    assert plan_micro_batches([], 0, 3, 4) == []
+    assert plan_micro_batches([0, 1], 2, 3, 4) == [[[0]], [[1]]]  # never an empty mini-batch
 
 
 def _update(learner, own, cross, advantages_P_A_G, settings, **batch_kwargs):
-    scores = score_self(learner, self_token_batch(own, learner.pad_token_id), settings)
     batch = build_learner_batch(
-        learner, 0, own, cross, advantages_P_A_G, torch.tensor([1.0, 2.0]), **batch_kwargs
+        learner,
+        0,
+        own,
+        cross,
+        advantages_P_A_G,
+        torch.tensor([1.0, 2.0]),
+        score_own(learner, own, settings),
+        skip_uniform_groups=settings.skip_uniform_groups,
+        **batch_kwargs,
     )
     optimizer = torch.optim.AdamW(learner.trainable_parameters(), lr=1e-3)
-    return batch, update_learner(learner, optimizer, batch, scores, LossParams(), settings)
+    return batch, update_learner(learner, optimizer, batch, LossParams(), settings)
 
 
 def test_skip_uniform_groups_leaves_out_zero_advantage_prompts_and_keeps_the_update_count(pair):
@@ -234,10 +235,10 @@ def test_skip_uniform_groups_leaves_out_zero_advantage_prompts_and_keeps_the_upd
     batch, out = _update(learner, own, cross, uniform, skipping)
     left_out = torch.tensor([r.prompt_index == 1 for r in batch.rollouts])
     assert out.ratio_B[left_out].isnan().all() and not out.ratio_B[~left_out].isnan().any()
-    assert out.kept == int((~left_out).sum()) and out.n_updates == len(plan_micro_batches(6, 12, 6, 4))
-    metrics = update_module.learner_metrics("char", ["char", "bpe"], batch, out)
-    assert metrics["adv/char/kept_frac"] == pytest.approx(out.kept / len(batch))
-    assert metrics["cost/char/trained_responses"] == out.kept
+    assert batch.keep_B.tolist() == (~left_out).tolist() and out.n_updates == 2  # as without skipping
+    metrics = update_module.learner_metrics("char", ["char", "bpe"], batch, out, skipping=True)
+    assert metrics["adv/char/kept_frac"] == pytest.approx(int((~left_out).sum()) / len(batch))
+    assert metrics["cost/char/trained_responses"] == int((~left_out).sum())
     assert any(not torch.equal(before[k], v) for k, v in learner.model.state_dict().items())
 
 
@@ -255,9 +256,10 @@ def test_skip_uniform_groups_with_nothing_to_skip_is_the_plain_update_bit_for_bi
 
 def test_bytes_normalization_puts_both_log_likelihoods_of_a_shared_text_per_byte(pair):
     learner, own, cross, advantages_P_A_G = pair
-    by_tokens = build_learner_batch(learner, 0, own, cross, advantages_P_A_G, torch.ones(2))
+    scores = score_own(learner, own, SETTINGS)
+    by_tokens = build_learner_batch(learner, 0, own, cross, advantages_P_A_G, torch.ones(2), scores)
     by_bytes = build_learner_batch(
-        learner, 0, own, cross, advantages_P_A_G, torch.ones(2), ratio_normalization="bytes"
+        learner, 0, own, cross, advantages_P_A_G, torch.ones(2), scores, ratio_normalization="bytes"
     )
     n_own = len(own)
     assert (by_bytes.length_B[:n_own] == 0).all() and (by_tokens.length_B == 0).all()
@@ -271,5 +273,49 @@ def test_bytes_normalization_puts_both_log_likelihoods_of_a_shared_text_per_byte
     assert torch.isfinite(out.ratio_B).all()
     with pytest.raises(ValueError, match="ratio_normalization = 'chars' is not allowed"):
         build_learner_batch(
-            learner, 0, own, cross, advantages_P_A_G, torch.ones(2), ratio_normalization="chars"
+            learner, 0, own, cross, advantages_P_A_G, torch.ones(2), scores, ratio_normalization="chars"
         )
+
+
+def test_symmetric_naive_gives_shared_answers_gradient_whatever_the_sign_of_their_advantage(pair):
+    """The shared rows' old policy is the learner's own at the start of the step, scored in the update's
+    micro-batches: in mini-batch 0 their ratio is 1 exactly, and GSPO's clip keeps right (A > 0) and wrong
+    (A < 0) partner answers alike. Against the source's old log-probs (plain Naive) it is not 1."""
+    learner, own, cross, advantages_P_A_G = pair
+    settings = UpdateSettings(loss="gspo", minibatch_size=12, micro_batch_size=4, cross_old_from_learner=True)
+    batch = build_learner_batch(
+        learner, 0, own, cross, advantages_P_A_G, torch.ones(2), score_own(learner, own, settings)
+    )
+    source_old_B = batch.old_logp_mean_B.clone()
+    update_module.score_cross(learner, batch, settings)
+    is_cross_B = ~batch.is_self_B
+    assert not torch.equal(batch.old_logp_mean_B[is_cross_B], source_old_B[is_cross_B])
+    signs = batch.advantages_B[is_cross_B].sign()
+    assert (signs > 0).any() and (signs < 0).any()  # the fixture's advantages run from -1 to 1
+    (rows,) = [r for micros in batch.plan(12, 4) for r in micros if r[0] >= len(own)][:1]
+    view = batch.tokens.select(rows)
+    logp_B_T, mask_B_T = update_module.token_logprobs(learner, view, temperature=1.0)
+    loss, stats = losses.gspo_policy_loss(batch.policy_batch(rows, view, logp_B_T, mask_B_T, 0), LossParams())
+    assert torch.equal(stats.ratio_B, torch.ones(len(rows))) and not stats.clipped_B.any()
+    grad_B_T = torch.autograd.grad(loss, logp_B_T)[0]
+    advantages_B = batch.advantages_B[rows]
+    assert all((grad_B_T[b].abs().sum() > 0) == (advantages_B[b] != 0) for b in range(len(rows)))
+    assert (advantages_B > 0).any() and (advantages_B < 0).any()  # both signs in this micro-batch
+
+
+def test_gspo_clip_keeps_a_low_ratio_only_for_a_positive_advantage():
+    """Why plain Naive learns only from the partner's successes: a shared sample's ratio against its source is
+    usually below 1 − ε_l, where GSPO's min keeps s·A for A > 0 and the constant clipped value for A < 0."""
+    logp_B_T = torch.full((2, 3), -2.0, requires_grad=True)
+    batch = PolicyBatch(
+        logp_B_T=logp_B_T,
+        mask_B_T=torch.ones(2, 3),
+        old_logp_mean_B=torch.tensor([-1.0, -1.0]),  # s = e^-1 for both
+        advantages_B=torch.tensor([1.0, -1.0]),
+        is_self_B=torch.tensor([False, False]),
+        cross_coef_B=torch.ones(2),
+    )
+    loss, stats = losses.gspo_policy_loss(batch, LossParams())
+    grad_B_T = torch.autograd.grad(loss, logp_B_T)[0]
+    assert stats.clipped_B.tolist() == [0.0, 1.0]
+    assert grad_B_T[0].abs().sum() > 0 and grad_B_T[1].abs().sum() == 0

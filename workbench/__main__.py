@@ -129,7 +129,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from workbench.lab.runner import run_quickstart
+    from workbench.jobs.runner import run_quickstart
 
     start = time.perf_counter()
     seeds = list(args.seeds or (0,))
@@ -150,7 +150,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_reproduce(args: argparse.Namespace) -> int:
-    from workbench.lab.runner import reproduce
+    from workbench.jobs.runner import reproduce
 
     index = reproduce(smoke=args.smoke, only=args.only or None, seeds=args.seeds, progress=True)
     log.info("index: %s", index)
@@ -160,7 +160,8 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
 def _cmd_eval(args: argparse.Namespace) -> int:
     from workbench.agents.agent import AgentLoadError
     from workbench.config.checks import ConfigError
-    from workbench.lab.evaluation import evaluate_target
+    from workbench.jobs.evaluation import evaluate_target
+    from workbench.lab.stats import formatted
 
     try:
         report = evaluate_target(
@@ -181,7 +182,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     log.info(
         "\n%s per agent and benchmark (Table-1 layout, one run each):\n%s",
         report.metric,
-        report.table.round(3).to_string(),
+        formatted(report.table, with_se=True).to_string(),
     )
     log.info("\nwrote:")
     for path in report.files:

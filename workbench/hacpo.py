@@ -5,11 +5,14 @@ papermill); ``tests/test_import_boundaries.py`` checks it. Every name below is d
 number in the paper (arXiv 2603.02604); ``docs/hacpo.md`` states the method in full.
 """
 
-from workbench.core.advantages import capability_aware_advantages, group_advantages
-from workbench.core.capability import CapabilityTracker, capability_ratios
+from workbench.core.advantages import (
+    CapabilityTracker,
+    capability_aware_advantages,
+    capability_ratios,
+    group_advantages,
+)
 from workbench.core.losses import (
     POLICY_LOSSES,
-    TOKEN_LEVEL_LOSSES,
     LossParams,
     PolicyBatch,
     SampleStats,
@@ -26,7 +29,6 @@ from workbench.core.losses import (
 
 __all__ = [
     "POLICY_LOSSES",
-    "TOKEN_LEVEL_LOSSES",
     "CapabilityTracker",
     "LossParams",
     "PolicyBatch",

@@ -8,7 +8,6 @@ from workbench.agents.loading import load_agent
 from workbench.agents.rollout import (
     generate,
     reference_token_logprobs,
-    score_rollouts,
     sequence_logprobs,
     token_logprobs,
 )
@@ -19,7 +18,6 @@ __all__ = [
     "generate",
     "load_agent",
     "reference_token_logprobs",
-    "score_rollouts",
     "sequence_logprobs",
     "token_logprobs",
 ]

@@ -8,12 +8,9 @@
   allows (`workbench.agents.memory.generation_rows`). The prefill, the token draw and the sliced LM head live
   in `workbench.agents.sampling`, the decode loops (eager, and compiled over a static cache) in
   `workbench.agents.decode`.
-- `score_rollouts`: the author's old-policy log-likelihood of each response in its own tokenization, at the
-  sampling temperature, under no_grad, before any update of the step (Eq. 11; ``docs/hacpo.md``, "One step",
-  step 3). A training run gets the same values from `workbench.train.update.score_self`, in the update's
-  micro-batches.
 - `token_logprobs` / `sequence_logprobs`: the learner's log-probs with gradient on a `TokenBatch`
-  (`workbench.agents.sharing`); the trainer micro-batches with ``TokenBatch.select``.
+  (`workbench.agents.sharing`), one forward pass; the trainer micro-batches with ``TokenBatch.select``
+  (`workbench.train.update`: the author's old-policy scores, Eq. 11, and the updates).
 - `reference_token_logprobs`: the KL reference (LoRA: adapters disabled; full fine-tuning: initial weights).
 
 Alignment: ``logp_B_T[b, t]`` is the log-prob of ``input_ids_B_T[b, t + 1]`` given the tokens up to ``t``;
@@ -35,7 +32,7 @@ import torch
 from workbench.agents.decode import sample_rows
 from workbench.agents.logprobs import head_parts, logits_logprobs, selective_logprobs
 from workbench.agents.memory import generation_rows
-from workbench.agents.tokens import TokenBatch, self_token_batch
+from workbench.agents.tokens import TokenBatch
 from workbench.core.losses import masked_mean_logp
 from workbench.core.types import Rollout
 
@@ -93,7 +90,7 @@ def generate(
         Rollouts, prompt-major (prompt 0's n samples, then prompt 1's...), ``prompt_index`` = index in
         ``prompts``, ``index`` = 0..n-1 within the prompt. ``response_ids`` end with the stop token when
         ``finish_reason == "eos"``; ``text`` is decoded with special tokens skipped and without that terminal
-        token. Old log-probs are not filled (`score_rollouts` does that).
+        token. Old log-probs are not filled (`workbench.train.update.score_self` does that).
     """
     temperature = agent.spec.temperature if temperature is None else temperature
     top_p = agent.spec.top_p if top_p is None else top_p
@@ -228,60 +225,17 @@ def sequence_logprobs(agent: Agent, batch: TokenBatch, *, temperature: float = 1
 
 
 @torch.no_grad()
-def _micro_batched(
-    model: Any, batch: TokenBatch, temperature: float, micro_batch_size: int
-) -> list[torch.Tensor]:
-    """Per-row response log-prob vectors, computed micro-batch by micro-batch."""
-    rows: list[torch.Tensor] = []
-    for start in range(0, len(batch), micro_batch_size):
-        micro = batch.select(range(start, min(start + micro_batch_size, len(batch))))
-        logp_B_T, mask_B_T = _token_logprobs_with(model, micro, temperature)
-        rows += [logp_T[m_T.bool()].cpu() for logp_T, m_T in zip(logp_B_T, mask_B_T)]
-    return rows
-
-
-def score_rollouts(
-    agent: Agent, rollouts: list[Rollout], *, temperature: float | None = None, micro_batch_size: int = 32
-) -> None:
-    """Fills ``old_logp_sum`` / ``old_logp_count`` of the agent's own rollouts (its own token ids).
-
-    Runs under no_grad before any update of the step. The caller guarantees ``agent`` authored them.
-
-    Args:
-        agent: The author.
-        rollouts: Its rollouts; updated in place.
-        temperature: The sampling temperature; None = ``agent.spec.temperature`` (0 is scored at 1).
-        micro_batch_size: Sequences per forward pass.
-    """
-    if not rollouts:
-        return
-    temperature = agent.spec.temperature if temperature is None else temperature
-    batch = self_token_batch(rollouts, agent.pad_token_id).to(agent.device)
-    for rollout, logp_T in zip(rollouts, _micro_batched(agent.model, batch, temperature, micro_batch_size)):
-        rollout.old_logp_sum = float(logp_T.double().sum())
-        rollout.old_logp_count = int(logp_T.numel())
-
-
-@torch.no_grad()
 def reference_token_logprobs(
-    agent: Agent, batch: TokenBatch, temperature: float = 1.0, *, micro_batch_size: int = 32
+    agent: Agent, batch: TokenBatch, temperature: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs under the KL reference policy, aligned like `token_logprobs`, without gradient.
 
     With LoRA the reference is the same model with its adapters disabled; with full fine-tuning it is the
-    model's initial weights, loaded once on first use (`Agent.reference_model`).
+    model's initial weights, loaded once on first use (`Agent.reference_model`). One forward pass: callers
+    micro-batch (`workbench.train.update.score_self`).
     """
     batch = batch.to(agent.device)
     context = agent.model.disable_adapter() if agent.is_lora else contextlib.nullcontext()
     model = agent.model if agent.is_lora else agent.reference_model()
-    parts_logp, parts_mask = [], []
     with context:
-        for start in range(0, len(batch), micro_batch_size):
-            micro = batch.select(range(start, min(start + micro_batch_size, len(batch))))
-            logp_B_T, mask_B_T = _token_logprobs_with(model, micro, temperature)
-            parts_logp.append(logp_B_T)
-            parts_mask.append(mask_B_T)
-    width = batch.input_ids_B_T.shape[1] - 1
-    pad = [torch.nn.functional.pad(x, (0, width - x.shape[1])) for x in parts_logp]
-    pad_mask = [torch.nn.functional.pad(x, (0, width - x.shape[1])) for x in parts_mask]
-    return torch.cat(pad), torch.cat(pad_mask)
+        return _token_logprobs_with(model, batch, temperature)

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from workbench.config.checks import reject_unknown
 from workbench.config.frozen import FrozenMap, freeze, thaw
 
 QUANTIZATIONS = ("none", "4bit", "8bit")
@@ -59,7 +60,7 @@ class LoraSpec:
         """Builds and validates a LoRA spec from a mapping (YAML); unknown keys raise `AgentSpecError`."""
         if not isinstance(data, dict):
             raise AgentSpecError(f"lora: expected a mapping of LoRA settings or null, got {data!r}")
-        _reject_unknown("lora", data, cls)
+        reject_unknown(data, cls, "lora", AgentSpecError)
         return cls(**data)
 
     def validate(self) -> None:
@@ -144,7 +145,7 @@ class AgentSpec:
         """
         if not isinstance(data, dict):
             raise AgentSpecError(f"agent spec: expected a mapping with a 'model' key, got {data!r}")
-        _reject_unknown("agent", data, cls)
+        reject_unknown(data, cls, "agent", AgentSpecError)
         if "model" not in data:
             raise AgentSpecError(f"agent spec {data!r} has no 'model': name a model to load")
         return cls(**data)
@@ -217,13 +218,6 @@ class AgentSpec:
 def choice(key: str, value: Any, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise AgentSpecError(f"{key} = {value!r} is not allowed: one of {list(allowed)}")
-
-
-def _reject_unknown(where: str, data: dict[str, Any], cls: type) -> None:
-    valid = [f.name for f in dataclasses.fields(cls)]
-    unknown = sorted(set(data) - set(valid), key=str)
-    if unknown:
-        raise AgentSpecError(f"unknown {where} key {unknown[0]!r}; valid keys: {valid}")
 
 
 def as_spec(spec: AgentSpec | dict[str, Any] | str, name: str | None = None) -> AgentSpec:

@@ -17,7 +17,16 @@ from typing import Any
 
 from workbench.config.frozen import FrozenMap
 
-__all__ = ["NAME_PATTERN", "ConfigError", "build", "coerce", "coerce_fields", "require", "require_name"]
+__all__ = [
+    "NAME_PATTERN",
+    "ConfigError",
+    "build",
+    "coerce",
+    "coerce_fields",
+    "reject_unknown",
+    "require",
+    "require_name",
+]
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
 """Names that become directory names or metric-key segments: letters, digits and ``_.+-``."""
@@ -33,6 +42,19 @@ def require(condition: bool, key: str, value: Any, allowed: str) -> None:
     """Raise :class:`ConfigError` ``"<key> = <value> is not allowed: <allowed>"`` unless ``condition``."""
     if not condition:
         raise ConfigError(f"{key} = {value!r} is not allowed: {allowed}")
+
+
+def reject_unknown(
+    data: Mapping[str, Any], cls: type, section: str = "", error: type[Exception] = ConfigError
+) -> None:
+    """Raise ``error`` naming the first key of ``data`` that is no field of the dataclass ``cls``, and the
+    valid keys; ``section`` says where the keys sit (``train``, ``lora``; empty: the top level)."""
+    valid = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(data) - set(valid), key=str)
+    if unknown:
+        key = f"{section}.{unknown[0]}" if section else repr(unknown[0])
+        where = f"valid keys of {section!r}" if section else "valid top-level keys"
+        raise error(f"unknown key {key}; {where}: {valid}")
 
 
 def require_name(key: str, value: str, why: str) -> None:
@@ -120,8 +142,5 @@ def build(name: str, cls: type, data: Any) -> Any:
         return data
     if not isinstance(data, Mapping):
         raise ConfigError(f"{name}: expected a mapping of settings, got {data!r}")
-    valid = [f.name for f in dataclasses.fields(cls)]
-    unknown = sorted(set(data) - set(valid), key=str)
-    if unknown:
-        raise ConfigError(f"unknown key {name}.{unknown[0]}; valid keys of {name!r}: {valid}")
+    reject_unknown(data, cls, name)
     return cls(**data)

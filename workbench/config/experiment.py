@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workbench.config.agent_spec import AgentSpec, AgentSpecError
-from workbench.config.checks import ConfigError, build, coerce_fields, require, require_name
+from workbench.config.checks import ConfigError, build, coerce_fields, reject_unknown, require, require_name
 from workbench.config.frozen import thaw
 from workbench.config.methods import ALGORITHMS, METHODS, Method
 from workbench.config.sections import (
@@ -112,6 +112,13 @@ class ExperimentConfig:
             f"{self.algorithm} has {m}x rollouts per prompt: must be divisible by {m}",
         )
         _check_label(self.label, self.algorithm, self.hacpo)
+        if self.hacpo.naive_symmetric:
+            require(
+                self.algorithm == "naive",
+                "hacpo.naive_symmetric",
+                True,
+                f"only with algorithm: naive (a variant of Naive's cross ratio), not {self.algorithm}",
+            )
 
     @property
     def algo(self) -> Method:
@@ -203,10 +210,7 @@ def from_dict(data: Mapping[str, Any]) -> ExperimentConfig:
     """
     if not isinstance(data, Mapping):
         raise ConfigError(f"an experiment config must be a mapping, got {type(data).__name__}")
-    top = [f.name for f in dataclasses.fields(ExperimentConfig)]
-    unknown = sorted(set(data) - set(top), key=str)
-    if unknown:
-        raise ConfigError(f"unknown key {unknown[0]!r}; valid top-level keys: {top}")
+    reject_unknown(data, ExperimentConfig)
     for key in ("experiment", "agents"):
         if key not in data:
             raise ConfigError(f"missing required key {key!r}")

@@ -1,8 +1,12 @@
-"""Experiment YAML files: the ``base:`` chain, ``--set`` overrides, and `load_experiment`."""
+"""Experiment YAML files: the ``base:`` chain, ``--set`` overrides, `load_experiment`; and a run directory's
+resolved ``config.yaml`` (`read_run_config`) with the hash that decides which runs hold the same config
+(`config_hash`)."""
 
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -11,6 +15,7 @@ import yaml
 
 from workbench.config.checks import ConfigError
 from workbench.config.experiment import ExperimentConfig, TaskConfig, from_dict
+from workbench.core.io import to_plain
 
 log = logging.getLogger(__name__)
 
@@ -120,3 +125,34 @@ def load_experiment(
         return from_dict(apply_overrides(drop_stale_knobs(data, overrides), overrides))
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
+
+
+PLACEMENT_KEYS = ("executor", "ray")
+"""Top-level config keys that say where a run computes, not what it computes: left out of `config_hash`, so
+a run resumes under either executor (they give the same results, ``tests/test_executors.py``) and configs
+written before these keys existed hash as they did."""
+
+
+def config_hash(cfg: dict[str, Any]) -> str:
+    """A stable 12-hex-digit hash of a resolved config (key order, tuples vs lists and paths vs strings
+    do not matter; `PLACEMENT_KEYS` are left out), used to decide whether a run directory holds "the same
+    config"."""
+    plain = to_plain(cfg)
+    if isinstance(plain, dict):
+        plain = {k: v for k, v in plain.items() if k not in PLACEMENT_KEYS}
+    text = json.dumps(plain, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
+
+
+def read_run_config(run_dir: Path | str) -> dict[str, Any]:
+    """A run directory's resolved ``config.yaml`` as plain data.
+
+    Raises:
+        OSError: It cannot be read.
+        ValueError: It does not hold a mapping (``yaml.YAMLError`` for text that is not YAML).
+    """
+    path = Path(run_dir) / "config.yaml"
+    cfg = yaml.safe_load(path.read_text(encoding="utf-8"))
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{path}: expected a mapping, got {type(cfg).__name__}")
+    return cfg

@@ -12,6 +12,7 @@ and reports take the display label, colour and order from here (dict order is di
 | ``gspo`` | GSPO | itself (each agent alone) | | Table 1 |
 | ``gspo_x2`` | GSPO×2 | itself (2G rollouts per prompt) | | Table 1 |
 | ``naive`` | Naive | itself (shares, ω ≡ 1, GSPO on every sample) | | Table 1 |
+| ``naive-sym`` | Naive (sym.) | naive | ``naive_symmetric: true`` | (beyond the paper) |
 | ``hacpo-adv`` | HACPO − Adv | hacpo | ``capability_baseline: false`` | Table 2 |
 | ``hacpo-omega`` | HACPO − ω | hacpo | ``omega_in_loss: false`` | Table 3 |
 | ``hacpo-alpha0`` | HACPO α = 0 | hacpo | ``alpha: 0`` | Table 4 |
@@ -67,6 +68,9 @@ class Method:
     """Policy loss name in ``workbench.core.losses.POLICY_LOSSES``."""
     capability_advantages: bool
     """Use the capability-aware baseline (ω ≠ 1 possible); False uses the plain joint/group mean."""
+    omega_coef: bool = False
+    """Scale a cross sample's loss by its loss coefficient ω^(source, learner) (Eq. 10); the ``hacpo``
+    switch ``omega_in_loss: false`` turns it off (the −ω ablation). False: every sample counts once."""
     group_multiplier: int = 1
     """Rollouts per prompt = group_multiplier · G (2 for GSPO×2)."""
     clip: tuple[float, float] | None = None
@@ -102,6 +106,10 @@ def _ablation(base: Method, name: str, label: str, color: str, paper: str, **swi
     )
 
 
+_NAIVE = Method(
+    "naive", "Naive", "#000000", share_rollouts=True, loss="gspo", capability_advantages=False,
+    paper="Table 1",
+)  # fmt: skip
 _HACPO = Method(
     "hacpo",
     "HACPO",
@@ -109,6 +117,7 @@ _HACPO = Method(
     share_rollouts=True,
     loss="hacpo",
     capability_advantages=True,
+    omega_coef=True,
     paper="Table 1",
 )
 
@@ -127,10 +136,8 @@ METHODS: dict[str, Method] = {
             "gspo_x2", "GSPO×2", "#56B4E9", share_rollouts=False, loss="gspo", capability_advantages=False,
             group_multiplier=2, paper="Table 1",
         ),
-        Method(
-            "naive", "Naive", "#000000", share_rollouts=True, loss="gspo", capability_advantages=False,
-            paper="Table 1",
-        ),
+        _NAIVE,
+        _ablation(_NAIVE, "naive-sym", "Naive (sym.)", "#555555", "", naive_symmetric=True),
         _ablation(_HACPO, "hacpo-adv", "HACPO − Adv", "#CC79A7", "Table 2", capability_baseline=False),
         _ablation(_HACPO, "hacpo-omega", "HACPO − ω", "#E69F00", "Table 3", omega_in_loss=False),
         _ablation(_HACPO, "hacpo-alpha0", "HACPO α = 0", "#999933", "Table 4", alpha=0.0),

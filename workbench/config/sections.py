@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from workbench.config.checks import ConfigError, coerce_fields, require, require_name
 from workbench.config.frozen import FrozenMap
+from workbench.core.knobs import HACPO_KNOBS, knob_problem
 from workbench.tasks.rewards import reward_problem
 
 __all__ = [
@@ -204,7 +205,8 @@ class HacpoConfig:
     normalize_by_std: bool = True
     """Divide advantages by the joint std (Eq. 6)."""
     uniform_group_guard: bool = True
-    """All-equal reward group → plain mean baseline (code guard)."""
+    """All-equal reward group → plain mean baseline (code guard); false only with ``normalize_by_std: false``
+    (an all-equal group has σ = 0: its advantages would be (R − μ̂)/1e-6)."""
     binary_guard: bool = True
     """Weighted baseline > 1 → learner's own mean (code guard)."""
     capability_baseline: bool = True
@@ -216,20 +218,16 @@ class HacpoConfig:
     ratio_normalization: str = "tokens"
     """Cross-sample log-ratio per token of each policy's own tokenization (``tokens``, Eq. 25) or per UTF-8
     byte of the shared response (``bytes``: summed log-probs / byte length; tokenizer-neutral)."""
+    naive_symmetric: bool = False
+    """Naive only (``algorithm: naive``): a shared sample's ratio is taken against the learner's own policy at
+    the start of the step instead of the source's old log-probs, so GSPO's clip treats the partner's correct
+    and wrong answers alike (the ``naive-sym`` method, ``docs/methods.md``)."""
 
     def __post_init__(self) -> None:
         coerce_fields(self, "hacpo")
-        require(self.alpha >= 0, "hacpo.alpha", self.alpha, ">= 0")
-        require(
-            0 <= self.delta < 1,
-            "hacpo.delta",
-            self.delta,
-            "in [0, 1) (the lower bound 1 − δ must be positive)",
-        )
-        require(self.delta_step >= 0, "hacpo.delta_step", self.delta_step, ">= 0")
-        require(self.window >= 1, "hacpo.window", self.window, ">= 1")
-        require(0 < self.min_ratio <= 1, "hacpo.min_ratio", self.min_ratio, "in (0, 1]")
-        require(self.max_ratio >= 1, "hacpo.max_ratio", self.max_ratio, ">= 1")
+        for name in HACPO_KNOBS:  # alpha, delta, delta_step, window, min_ratio, max_ratio
+            if problem := knob_problem(name, getattr(self, name), f"hacpo.{name}"):
+                raise ConfigError(problem)
         require(self.capability_floor > 0, "hacpo.capability_floor", self.capability_floor, "> 0")
         require(self.warmup_steps >= 0, "hacpo.warmup_steps", self.warmup_steps, ">= 0")
         require(0 <= self.eps_low < 1, "hacpo.eps_low", self.eps_low, "in [0, 1)")
@@ -238,6 +236,14 @@ class HacpoConfig:
         norm = self.ratio_normalization
         require(
             norm in RATIO_NORMALIZATIONS, "hacpo.ratio_normalization", norm, f"one of {RATIO_NORMALIZATIONS}"
+        )
+        require(
+            self.uniform_group_guard or not self.normalize_by_std,
+            "hacpo.uniform_group_guard",
+            self.uniform_group_guard,
+            "false only with hacpo.normalize_by_std: false. With normalize_by_std = true an all-equal reward "
+            "group has σ = 0, so its advantages are (R − μ̂)/1e-6 (250,000 for R − μ̂ = 0.25) whenever ω ≠ 1; "
+            "keep the guard on, or set hacpo.normalize_by_std: false",
         )
 
 

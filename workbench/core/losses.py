@@ -18,7 +18,6 @@ import torch
 
 __all__ = [
     "POLICY_LOSSES",
-    "TOKEN_LEVEL_LOSSES",
     "LossParams",
     "PolicyBatch",
     "PolicyLoss",
@@ -309,7 +308,10 @@ def grpo_policy_loss(batch: PolicyBatch, params: LossParams) -> tuple[torch.Tens
         ``(loss, stats)``; ``stats.ratio_B`` is the sequence ratio, ``clipped_B`` the share of clipped tokens.
     """
     if batch.old_logp_B_T is None:
-        raise ValueError("grpo_policy_loss needs batch.old_logp_B_T (the learner's old token log-probs)")
+        raise ValueError(
+            "grpo_policy_loss needs batch.old_logp_B_T, the learner's old token log-probs: a token-level "
+            "loss trains on the learner's own samples only, never on other agents' (they have none)"
+        )
     logp_B_T, mask_B_T, advantages_B = batch.logp_B_T, batch.mask_B_T, batch.advantages_B
     log_ratio_B_T = (logp_B_T - batch.old_logp_B_T).clamp(-params.max_abs_log_ratio, params.max_abs_log_ratio)
     ratio_B_T = torch.exp(log_ratio_B_T)
@@ -351,9 +353,6 @@ POLICY_LOSSES: dict[str, PolicyLoss] = {
     "hacpo": hacpo_policy_loss,
 }
 """The policy-loss variants by name."""
-
-TOKEN_LEVEL_LOSSES = frozenset({"grpo"})
-"""Losses that read ``PolicyBatch.old_logp_B_T``."""
 
 
 def get_policy_loss(name: str) -> PolicyLoss:

@@ -1,13 +1,16 @@
-"""What a computation ran on: the CPU and its SIMD flags, thread settings, library versions.
+"""What a computation ran on: the CPU and its SIMD flags, thread settings, library versions; and which code.
 
 Two CPUs that differ in these flags (AVX2 vs AVX-512 vs AMX) run different float kernels, so a long float
 computation (a warm start of hundreds of optimizer steps) ends in different weights. Cards of shipped agents
 (``built_on``) and run records (``environment.json``) carry these facts so a reader can tell why two numbers
-differ. Standard library only (torch is imported where thread counts are asked for).
+differ. `code_version` names the workbench's own source (part of a run's identity). Standard library only
+(torch is imported where thread counts are asked for).
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import importlib.metadata
 import os
 import platform
@@ -18,6 +21,7 @@ __all__ = [
     "LIBRARIES",
     "SIMD_FLAGS",
     "THREAD_VARIABLES",
+    "code_version",
     "cpu_info",
     "library_versions",
     "machine_info",
@@ -101,3 +105,20 @@ def machine_info() -> dict[str, Any]:
         "thread_variables": thread_settings(),
         "packages": library_versions(),
     }
+
+
+@functools.lru_cache(maxsize=1)
+def code_version() -> str:
+    """A 12-hex-digit hash of every ``workbench/**/*.py`` file (path and bytes).
+
+    Two runs with the same config but different code get different versions, so a finished run is never
+    silently reused after the code changed, and aggregation across seeds can refuse to average runs of
+    different code. The tiny zoo's recipe version (``ZOO_VERSION`` in ``workbench/agents/zoo.py``) is part
+    of the source, so it counts too. Stable across machines and checkouts of the same source; independent of
+    git (works in a wheel install and with uncommitted edits, which it counts). Computed once per process.
+    """
+    package = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:12]

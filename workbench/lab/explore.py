@@ -21,8 +21,8 @@ from typing import Any
 import pandas as pd
 import torch
 
-from workbench.core.advantages import capability_aware_advantages
-from workbench.core.capability import CapabilityTracker, capability_ratios
+from workbench.core.advantages import CapabilityTracker, capability_aware_advantages, capability_ratios
+from workbench.core.knobs import knob_problem
 from workbench.core.losses import cross_sample_weight, stepwise_lower_bound
 
 __all__ = [
@@ -37,7 +37,7 @@ __all__ = [
 
 def _check(ok: bool, name: str, value: Any, allowed: str) -> None:
     if not ok:
-        raise ValueError(f"{name} = {value!r} is out of range: must be {allowed}")
+        raise ValueError(f"{name} = {value!r} is not allowed: {allowed}")
 
 
 def _is_number(value: Any) -> bool:
@@ -56,31 +56,17 @@ def validate_tuning(
 ) -> None:
     """Check HACPO tuning values; raise ``ValueError`` naming the first bad one and the allowed range.
 
-    Arguments left at None are not checked. Ranges: α ≥ 0; δ in [0, 1); δ_step ≥ 0; window K ≥ 1
-    (integer); 0 < min_ratio ≤ 1 ≤ max_ratio (the clamp of ω); n_minibatches ≥ 1 (integer).
+    Arguments left at None are not checked. The knobs' ranges are the config's (`workbench.core.knobs`:
+    α ≥ 0; δ in [0, 1); δ_step ≥ 0; window K an integer ≥ 1; 0 < min_ratio ≤ 1 ≤ max_ratio); the panel's
+    n_minibatches is an integer in [1, 64].
     """
-    checks = [
-        ("alpha", alpha, lambda v: _is_number(v) and v >= 0, "a finite number >= 0"),
-        ("delta", delta, lambda v: _is_number(v) and 0 <= v < 1, "in [0, 1)"),
-        ("delta_step", delta_step, lambda v: _is_number(v) and v >= 0, "a finite number >= 0"),
-        (
-            "window",
-            window,
-            lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
-            "an integer >= 1",
-        ),
-        ("min_ratio", min_ratio, lambda v: _is_number(v) and 0 < v <= 1, "in (0, 1]"),
-        ("max_ratio", max_ratio, lambda v: _is_number(v) and v >= 1, "a finite number >= 1"),
-        (
-            "n_minibatches",
-            n_minibatches,
-            lambda v: isinstance(v, int) and 1 <= v <= 64,
-            "an integer in [1, 64]",
-        ),
-    ]
-    for name, value, ok, allowed in checks:
-        if value is not None:
-            _check(ok(value), name, value, allowed)
+    knobs = {"alpha": alpha, "delta": delta, "delta_step": delta_step, "window": window}
+    for name, value in (knobs | {"min_ratio": min_ratio, "max_ratio": max_ratio}).items():
+        if value is not None and (problem := knob_problem(name, value)):
+            raise ValueError(problem)
+    if n_minibatches is not None:
+        ok = isinstance(n_minibatches, int) and 1 <= n_minibatches <= 64
+        _check(ok, "n_minibatches", n_minibatches, "an integer in [1, 64]")
 
 
 def default_s_grid(delta: float, n: int = 121) -> torch.Tensor:
@@ -185,9 +171,7 @@ def _accuracy_history(accuracies: Any) -> torch.Tensor:
     bad = ~torch.isfinite(acc) | (acc < 0) | (acc > 1)
     if bad.any():
         agent, step = (int(i) for i in bad.nonzero()[0])
-        raise ValueError(
-            f"accuracies[{agent}][{step}] = {acc[agent, step].item()} is out of range: must be in [0, 1]"
-        )
+        raise ValueError(f"accuracies[{agent}][{step}] = {acc[agent, step].item()} is not allowed: in [0, 1]")
     return acc
 
 

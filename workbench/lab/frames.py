@@ -18,10 +18,11 @@ from typing import Any, NamedTuple
 import pandas as pd
 import yaml
 
+from workbench.config.loading import config_hash, read_run_config
 from workbench.core import io as wio
+from workbench.core.evalcsv import EVAL_COLUMNS
+from workbench.core.machine import code_version
 from workbench.lab.provenance import split_by_start_weights, start_weights
-from workbench.train.environment import code_version
-from workbench.train.rundir import EVAL_COLUMNS, _read_config, config_hash
 
 ID_COLUMNS = ("run", "experiment", "algorithm", "seed", "run_dir")
 EXCLUDED_COLUMNS = ("run_dir", "experiment", "method", "seed", "reason")
@@ -77,7 +78,7 @@ def find_run_dirs(paths: Iterable[Path | str] | Path | str) -> list[Path]:
 
 
 def _run_ids(run_dir: Path) -> dict[str, Any]:
-    cfg = _read_config(run_dir)
+    cfg = read_run_config(run_dir)
     seed = cfg.get("seed")
     return {
         "run": run_dir.name,
@@ -137,7 +138,7 @@ def load_runs(paths: Iterable[Path | str] | Path | str) -> pd.DataFrame:
 
 def _eval_items(run_dir: Path) -> float:
     """Held-out items of a run: ``task.eval_size`` of its config (the number asked for), NaN if absent."""
-    task = _read_config(run_dir).get("task") or {}
+    task = read_run_config(run_dir).get("task") or {}
     size = task.get("eval_size") if isinstance(task, dict) else None
     return float(size) if isinstance(size, int) and not isinstance(size, bool) and size > 0 else float("nan")
 
@@ -249,7 +250,7 @@ def _run_facts(run_dir: Path) -> dict[str, Any]:
         "seed": None,
     }
     try:
-        cfg = _read_config(run_dir)
+        cfg = read_run_config(run_dir)
     except (OSError, ValueError, yaml.YAMLError) as err:
         return facts | {"reason": f"config.yaml unreadable: {err}"}
     ids = _run_ids(run_dir)

@@ -1,6 +1,6 @@
 """Per-item evaluation results (each run's ``eval_items.csv``) in pandas, for paired comparisons of methods.
 
-A run's ``eval_items.csv`` (`workbench.train.evalcsv`) holds, for every evaluation step, agent, held-out set
+A run's ``eval_items.csv`` (`workbench.core.evalcsv`) holds, for every evaluation step, agent, held-out set
 and item, whether the greedy response was correct and how many of the k sampled ones were. `load_eval_items`
 reads any set of runs, `final_items` keeps each run's last evaluation, and `item_scores` turns a metric into
 one score per item (greedy: 0/1; avg@k: correct / k), whose mean over items is the metric in ``evals.csv``.
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from workbench.core.evalcsv import ITEM_COLUMNS
 from workbench.lab.frames import ID_COLUMNS, _finish, _run_ids, find_run_dirs
-from workbench.train.rundir import ITEM_COLUMNS
 
 __all__ = ["final_items", "item_scores", "load_eval_items", "read_items_csv"]
 

@@ -5,10 +5,16 @@ averaged over seeds (``select_runs``: finished, same config but for the seed, sa
 the others in ``excluded.csv``; builds the pandas tables (mean ± std over seeds, n) and altair charts (mean
 over seeds with a ±std band), writes them under ``out_dir`` (LaTeX + CSV tables; PNG, SVG and HTML figures)
 and returns them so a notebook can display them. ``05_figures`` calls these on everything under ``results/``.
+
+A notebook cell displays a report with `gallery` (all of it, titled, with the files it wrote) or `figure`
+(one chart, or a `Note` saying why it is absent: a cell that evaluates to ``None`` shows nothing useful).
+Stat tables (``workbench.lab.stats``) appear as ``mean ± std`` with their n (`table_html`, which the tuning
+widgets use too).
 """
 
 from __future__ import annotations
 
+import html
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,11 +30,16 @@ from workbench.lab.explore import capability_table, cross_weight_table
 from workbench.lab.frames import EXCLUDED_COLUMNS, load_evals, load_runs, select_runs
 
 __all__ = [
+    "Gallery",
+    "Note",
     "Report",
     "ablation_report",
     "benchmark_report",
+    "figure",
+    "gallery",
     "quickstart_report",
     "save_accuracy_table",
+    "table_html",
     "tuning_report",
 ]
 
@@ -71,7 +82,8 @@ class Report:
 
 
 def save_accuracy_table(table: pd.DataFrame, out_dir: str | Path) -> list[Path]:
-    """Write the demo's accuracy table (``compare.accuracy_table``) as ``accuracy.tex``, ``.csv`` and ``.md``.
+    """Write the demo's accuracy table (`workbench.lab.accuracy.accuracy_table`) as ``accuracy.tex``, ``.csv``
+    and ``.md``.
 
     The CSV has one row per (agent, metric) and columns ``<column>_mean, _std, _n, _se`` for ``initial``,
     each method and each gain; ``accuracy.md`` is the same as text to print (``0.512 ± 0.013 (SE 0.016)``,
@@ -93,7 +105,8 @@ def save_accuracy_table(table: pd.DataFrame, out_dir: str | Path) -> list[Path]:
 
 
 RunDirs = Iterable[Path | str] | Mapping[str, Path | str | Sequence[Path | str]]
-"""Run directories, folders of them, or ``{method: run_dir | [run_dir per seed]}`` from ``compare``."""
+"""Run directories, folders of them, or ``{method: run_dir | [run_dir per seed]}`` from
+``workbench.jobs.compare``."""
 
 
 def _select(run_dirs: RunDirs, out_dir: Path, report: Report) -> list[Path]:
@@ -233,3 +246,83 @@ def tuning_report(
         report.files.append(path)
     report.add_chart("cross_weight", plots.cross_weight_chart, weights, out_dir=out_dir)
     return report
+
+
+# ---------------------------------------------------------------- display in a notebook
+
+
+@dataclass(frozen=True)
+class Note:
+    """A sentence shown in place of a missing figure or table (text and HTML)."""
+
+    text: str
+
+    def _repr_html_(self) -> str:
+        return f'<p style="color:#555"><em>{html.escape(self.text)}</em></p>'
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _absent(kind: str, name: str, present: Sequence[str]) -> Note:
+    return Note(
+        f"{kind} {name!r} was not drawn: the runs lack the metrics it needs (e.g. one agent has no ω, no run "
+        f"was evaluated after step 0, or no HACPO run is present). Drawn: {sorted(present) or 'none'}."
+    )
+
+
+def figure(report: Report, name: str) -> Any:
+    """``report.charts[name]``, or a `Note` saying it was not drawn and which figures were."""
+    chart = report.charts.get(name)
+    return chart if chart is not None else _absent("figure", name, list(report.charts))
+
+
+def table_html(table: pd.DataFrame, caption: str, *, index: bool = True) -> str:
+    """A table as an HTML heading and body: a stat table as ``mean ± std`` with its seeds note, numbers to 3
+    decimals, "—" where a value does not exist (the advantage of a correct answer in an all-wrong group)."""
+    shown = stats.formatted(table) if stats.is_stat_table(table) else table
+    note = shown.attrs.get("note", "")
+    caption += f" ({note})" if note else ""
+    body = shown.to_html(index=index, float_format=lambda x: f"{x:.3f}", na_rep="—", border=0)
+    return f"<h4 style='margin:0.4em 0 0.2em'>{html.escape(caption)}</h4>{body}"
+
+
+@dataclass
+class Gallery:
+    """Every table and chart of a report, in order, then the list of files written (renders as HTML)."""
+
+    title: str
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+    charts: dict[str, Any] = field(default_factory=dict)
+    files: list[Path] = field(default_factory=list)
+    expected: tuple[str, ...] = ()
+
+    def _repr_html_(self) -> str:
+        parts = [f"<h3>{html.escape(self.title)}</h3>"]
+        parts += [table_html(table, name) for name, table in self.tables.items()]
+        for name, chart in self.charts.items():
+            parts.append(f"<h4>{html.escape(name)}</h4>{plots.chart_to_svg(chart)}")
+        missing = [n for n in self.expected if n not in self.tables and n not in self.charts]
+        parts += [_absent("table or figure", n, [*self.tables, *self.charts])._repr_html_() for n in missing]
+        if self.files:
+            items = "".join(f"<li><code>{html.escape(str(p))}</code></li>" for p in self.files)
+            parts.append(
+                f"<details><summary>{len(self.files)} files written</summary><ul>{items}</ul></details>"
+            )
+        return "\n".join(parts)
+
+    def __repr__(self) -> str:
+        return (
+            f"{self.title}: tables {list(self.tables)}, figures {list(self.charts)}, {len(self.files)} files"
+        )
+
+
+def gallery(report: Report, title: str, expected: Sequence[str] = ()) -> Gallery:
+    """Everything ``report`` produced, for display in one cell.
+
+    Args:
+        report: A `Report`.
+        title: Heading of the cell's output.
+        expected: Table/figure names that should be there; each absent one gets a sentence.
+    """
+    return Gallery(title, dict(report.tables), dict(report.charts), list(report.files), tuple(expected))

@@ -2,7 +2,7 @@
 
 A *stat table* is a DataFrame whose columns are a two-level MultiIndex ``(<column>, stat)`` with the stats
 :data:`STATS` = ``mean, std, n, se`` for every column (a benchmark, a method, an α...). `workbench.lab.tables`
-and `workbench.lab.compare` build them, `workbench.lab.latex` prints them as ``0.512 ± 0.013`` with n in the
+and `workbench.lab.accuracy` build them, `workbench.lab.latex` prints them as ``0.512 ± 0.013`` with n in the
 caption or a column, and :func:`flat` spreads them into CSV columns ``<column>_mean``, ``_std``, ``_n``,
 ``_se``.
 

@@ -40,6 +40,7 @@ import pandas as pd
 from workbench.config.methods import method_label, method_sort_key
 from workbench.core.io import atomic_write_bytes, atomic_write_text
 from workbench.core.paths import PROJECT_ROOT
+from workbench.lab.accuracy import final_accuracy
 from workbench.lab.curves import write_curves
 from workbench.lab.frames import load_evals, load_runs, select_runs
 from workbench.lab.items import final_items, load_eval_items, read_items_csv
@@ -84,18 +85,15 @@ def _comparison(evals: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     """One row per (experiment, method, agent): accuracies over seeds, cost and wall time."""
     greedy, avg = _metrics(evals)
     evals = evals.rename(columns={"algorithm": "method"})
-    final, initial = final_and_initial(evals, by=("experiment", "method"), initial_by=("experiment",))
+    groups = {"by": ("experiment", "method"), "initial_by": ("experiment",)}
+    accuracy, initial = final_accuracy(evals, **groups)
+    final, _ = final_and_initial(evals, **groups)
     keys = ["experiment", "method", "agent"]
-    table = aggregate(final[final["metric"] == greedy], keys).rename(columns=lambda c: _prefixed(c, "greedy"))
-    first = aggregate(initial[initial["metric"] == greedy], ["experiment", "agent"])
-    table = table.merge(first.rename(columns=lambda c: _prefixed(c, "initial_greedy")), how="left")
+    table = _one_metric(accuracy, greedy, "greedy")
+    table = table.merge(_one_metric(initial, greedy, "initial_greedy"), how="left")
     if avg is not None:
-        sampled = aggregate(final[final["metric"] == avg], keys).rename(
-            columns=lambda c: _prefixed(c, "avgk")
-        )
-        table = table.merge(sampled.drop(columns="avgk_n"), how="left")
-        first = aggregate(initial[initial["metric"] == avg], ["experiment", "agent"])
-        table = table.merge(first.rename(columns=lambda c: _prefixed(c, "initial_avgk")), how="left")
+        table = table.merge(_one_metric(accuracy, avg, "avgk").drop(columns="avgk_n"), how="left")
+        table = table.merge(_one_metric(initial, avg, "initial_avgk"), how="left")
     table.insert(3, "avgk", avg or "")
     table = table.rename(columns={"greedy_n": "n"})
     table["seeds"] = [
@@ -127,8 +125,10 @@ def _comparison(evals: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     return table.iloc[order].reset_index(drop=True)[[*first, *(c for c in table if c not in first)]]
 
 
-def _prefixed(column: str, prefix: str) -> str:
-    return f"{prefix}_{column}" if column in ("mean", "std", "n", "se") else column
+def _one_metric(accuracy: pd.DataFrame, metric: str, prefix: str) -> pd.DataFrame:
+    """The rows of one metric of `final_accuracy`, their statistics named ``<prefix>_mean``..."""
+    chosen = accuracy[accuracy["metric"] == metric].drop(columns="metric").reset_index(drop=True)
+    return chosen.rename(columns=lambda c: f"{prefix}_{c}" if c in ("mean", "std", "n", "se") else c)
 
 
 def tokens_vs_bytes(run_dirs: Iterable[Path | str] | Path | str) -> pd.DataFrame:
@@ -365,9 +365,9 @@ def render_results_section(summary_dir: str | Path, link_from: str | Path | None
         "HACPO's corrections) — *holds* when Δ ≥ 0 and is *resolved* only when the 95% interval of Δ "
         "excludes 0. The test is paired when every run kept its per-item results: runs of two methods with "
         "the same seed answer the same held-out items, and a bootstrap over seeds, then items, of the "
-        "per-item difference gives the interval and p. Otherwise it is unpaired: Δ ± 2 SE with SE of Δ = "
-        "sqrt(SE_HACPO² + SE_other²). Each run's values are in `per_seed.csv`, the per-item results in "
-        "`items.csv.gz`.",
+        "per-item difference gives the interval and p. Otherwise it is unpaired: Δ ± 2 SE from the per-seed "
+        "differences of the final values (each with SE sqrt(SE_HACPO² + SE_other²)). Each run's values are "
+        "in `per_seed.csv`, the per-item results in `items.csv.gz`.",
     ]
     return "\n".join(lines) + "\n"
 

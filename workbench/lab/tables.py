@@ -164,8 +164,10 @@ def paper_table(
         method_order = _ordered(methods, trained["algorithm"], "methods")
 
     trained = trained[trained["benchmark"].isin(bench_order)]
-    runs = _with_se(trained, ["agent", "algorithm", "run"], bench_order)
-    parts = [aggregate(runs, ["agent", "algorithm", "benchmark"]).assign(kind="trained")]
+    parts = []
+    if not trained.empty:  # an evaluation of untrained models has step-0 rows only
+        runs = _with_se(trained, ["agent", "algorithm", "run"], bench_order)
+        parts.append(aggregate(runs, ["agent", "algorithm", "benchmark"]).assign(kind="trained"))
     untrained = sel[(sel["step"] == 0) & sel["benchmark"].isin(bench_order)]
     if include_untrained and not untrained.empty:
         untrained = untrained.assign(unit=_seed_unit(untrained))

@@ -5,9 +5,10 @@ of Δ excludes 0. When every run of both methods kept its per-item results (``ev
 paired: runs of the two methods with the same seed answered the same held-out items, so Δ and its interval
 come from a hierarchical bootstrap over seeds and items of the per-item difference
 (`workbench.lab.stats.paired_bootstrap`). Otherwise (runs made before per-item results were kept) it falls
-back to the difference of the two means with the interval Δ ± 2 SE
-(`workbench.lab.stats.unpaired_difference`), and the verdict's ``test`` column says ``unpaired``.
-``docs/statistics.md`` explains both.
+back to the seeds' final values: Δ and its standard error from the per-seed gains
+(`workbench.lab.accuracy.seed_gains`, the gain the demo's table shows), the interval Δ ± 2 SE
+(`workbench.lab.stats.unpaired_difference`), and the verdict's ``test`` column says ``unpaired`` (items not
+paired). ``docs/statistics.md`` explains both.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ import math
 import pandas as pd
 
 from workbench.config.methods import method_label
+from workbench.lab.accuracy import seed_gains
 from workbench.lab.items import item_scores
-from workbench.lab.stats import format_cell, paired_bootstrap, unpaired_difference
+from workbench.lab.stats import binomial_se, combine, format_cell, paired_bootstrap, unpaired_difference
 
 __all__ = ["CLAIMS", "VERDICT_COLUMNS", "verdict_line", "verdicts"]
 
@@ -55,6 +57,17 @@ def _paired(
     return result if result["seeds"] else None
 
 
+def _unpaired(per_seed: pd.DataFrame, experiment: str, agent: str, metric: str, baseline: str) -> dict:
+    """The fallback test of one verdict: Δ and its standard error from the per-seed gains, Δ ± 2 SE."""
+    runs = per_seed[
+        (per_seed["experiment"] == experiment) & (per_seed["agent"] == agent) & (per_seed["metric"] == metric)
+    ]
+    runs = runs.assign(value=runs["final"], se=binomial_se(runs["final"], runs["items"]))
+    gains = combine(*(seed_gains(runs, "hacpo", baseline).loc[:, c].tolist() for c in ("value", "se")))
+    test = unpaired_difference(gains["mean"], gains["se"])
+    return test | {"test": "unpaired", "seeds": math.nan, "items": math.nan}
+
+
 def verdicts(table: pd.DataFrame, per_seed: pd.DataFrame, items: pd.DataFrame) -> pd.DataFrame:
     """One verdict per (experiment, agent, metric, baseline) that has HACPO and baseline runs.
 
@@ -86,9 +99,7 @@ def verdicts(table: pd.DataFrame, per_seed: pd.DataFrame, items: pd.DataFrame) -
                 paired = _paired(per_seed, items, exp, agent, metric, baseline)
                 ratio = mine["generated"] / other["generated"] if other["generated"] else math.nan
                 if paired is None:
-                    delta = mine[f"{prefix}_mean"] - other[f"{prefix}_mean"]
-                    test = unpaired_difference(delta, math.hypot(mine[f"{prefix}_se"], other[f"{prefix}_se"]))
-                    test |= {"test": "unpaired", "seeds": math.nan, "items": math.nan}
+                    test = _unpaired(per_seed, exp, agent, metric, baseline)
                 else:
                     test = paired | {"test": "paired"}
                 rows.append(

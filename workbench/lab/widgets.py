@@ -27,7 +27,7 @@ import pandas as pd
 from workbench.core.io import atomic_write_text
 from workbench.lab import plots
 from workbench.lab.explore import capability_table, cross_weight_table, metrics_frame, validate_tuning
-from workbench.lab.report import Report
+from workbench.lab.report import Report, table_html
 
 logger = logging.getLogger(__name__)
 
@@ -40,12 +40,6 @@ _LAYOUT = w.Layout(width="26em")
 def _message(text: str, *, error: bool = False) -> str:
     color = "#B00020" if error else "#333333"
     return f'<div style="color:{color}; white-space:pre-wrap">{html.escape(text)}</div>'
-
-
-def _table_html(df: pd.DataFrame, caption: str) -> str:
-    # "—" where a value does not exist (e.g. the advantage of a correct response in an all-wrong group)
-    body = df.to_html(index=False, float_format=lambda x: f"{x:.3f}", na_rep="—", border=0)
-    return f"<h4 style='margin:0.4em 0 0.2em'>{html.escape(caption)}</h4>{body}"
 
 
 # (pane title, chart builder) of the RunMonitor, in display order.
@@ -74,7 +68,7 @@ class RunMonitor:
 
     def __init__(self, *, run: str = "live", algorithm: str = "hacpo", redraw_every: int = 1) -> None:
         if not isinstance(redraw_every, int) or redraw_every < 1:
-            raise ValueError(f"redraw_every = {redraw_every!r} is out of range: must be an integer >= 1")
+            raise ValueError(f"redraw_every = {redraw_every!r} is not allowed: an integer >= 1")
         self.run, self.algorithm, self.redraw_every = run, algorithm, redraw_every
         self.records: list[dict[str, Any]] = []
         self.status = w.HTML(_message("waiting for the first step"))
@@ -242,7 +236,7 @@ class TuningPanel:
         (the config's ``hacpo`` section names) and steps (the run length).
 
         Raises:
-            ValueError: A value is out of range (the message names it and the allowed range).
+            ValueError: A value is not allowed (the message names it and the allowed range).
         """
         values = {
             "alpha": float(self.alpha.value),
@@ -255,7 +249,7 @@ class TuningPanel:
         validate_tuning(**values)
         steps = self.steps.value
         if not isinstance(steps, int) or steps < 1:
-            raise ValueError(f"steps = {steps!r} is out of range: must be an integer >= 1")
+            raise ValueError(f"steps = {steps!r} is not allowed: an integer >= 1")
         return {**values, "steps": steps}
 
     def accuracy_history(self) -> list[list[float]]:
@@ -301,19 +295,22 @@ class TuningPanel:
         self.summary, self.weights = summary, table
         self.chart.value = svg
         self.tables.value = (
-            _table_html(
+            table_html(
                 summary.p_hat,
                 "capability P̂ (Eq. 9): mean of the last K accuracies (the run's, then the sliders')",
+                index=False,
             )
-            + _table_html(
+            + table_html(
                 summary.omega,
                 "ω: omega_baseline weights the source in the learner's baseline; "
                 "cross_coef scales the source's samples in the learner's loss",
+                index=False,
             )
-            + _table_html(
+            + table_html(
                 summary.baselines,
                 "learner baselines μ̂ and advantages for example reward groups "
                 "(— : the group has no correct, or no wrong, response)",
+                index=False,
             )
         )
         self.message.value = _message(

@@ -1,4 +1,4 @@
-"""What a run ran on (``environment.json``) and which code made it (`code_version`, part of a run's identity).
+"""What a run ran on (``environment.json``) and which code made it (`workbench.core.machine.code_version`).
 
 `collect_environment` records, at each start of a run: Python, platform and package versions (torch,
 transformers, peft, bitsandbytes, tokenizers, numpy...), the CPU (model name and the SIMD flags that select
@@ -7,15 +7,13 @@ thread variables of the environment (``OMP_NUM_THREADS``, ``OMP_WAIT_POLICY``, `
 device, the git commit and `code_version`. `workbench.train.run` adds each agent's starting-weights digest
 (``start_weights``) once the agents are loaded.
 
-`code_version` hashes the workbench's own source files and the tiny zoo's recipe version: two runs with the
-same config but different code (or zoo) get different versions, so a finished run is never silently reused
+`code_version` hashes the workbench's own source files (the tiny zoo's recipe version among them): two runs
+with the same config but different code get different versions, so a finished run is never silently reused
 after the code changed, and aggregation across seeds can refuse to average runs of different code.
 """
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import platform
 import subprocess
 import sys
@@ -23,8 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from workbench.agents.zoo import ZOO_VERSION
-from workbench.core.machine import cpu_info, library_versions, read_cpuinfo, thread_settings
+from workbench.core.machine import code_version, cpu_info, library_versions, read_cpuinfo, thread_settings
 
 
 def _git(*args: str) -> str | None:
@@ -55,20 +52,6 @@ def _device_info() -> dict[str, Any]:
             cuda_device_count=torch.cuda.device_count(),
         )
     return info
-
-
-@functools.lru_cache(maxsize=1)
-def code_version() -> str:
-    """A 12-hex-digit hash of every ``workbench/**/*.py`` file (path and bytes) and the zoo's recipe version.
-
-    Stable across machines and checkouts of the same source; independent of git (works in a wheel install
-    and with uncommitted edits, which it counts). Computed once per process.
-    """
-    package = Path(__file__).resolve().parents[1]
-    digest = hashlib.sha256(f"zoo={ZOO_VERSION}\n".encode())
-    for path in sorted(package.rglob("*.py")):
-        digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()[:12]
 
 
 def collect_environment() -> dict[str, Any]:

@@ -4,15 +4,38 @@ The paper's exchange is tokenizer-neutral (Sec. 2, Sec. 3.3): agents share respo
 source's old sequence log-likelihood. A worker keeps its own rollouts' token ids (its learner trains on them
 exactly as sampled); the driver and the other learners see a `SharedRollout`, which has no token ids. The same
 records are used in-process and across Ray actors, so the in-process path exercises the same discipline.
+
+One request and one report per worker call (`workbench.train.executors.Executor`):
+
+| call | request | report |
+|---|---|---|
+| ``rollout`` | `RolloutRequest`: prompts, G, seed | `RolloutReport`: scored `SharedRollout` s, phase times |
+| ``update`` | `UpdateRequest`: cross rollouts, advantages, ω | `UpdateReport`: metrics, per-sample ratios |
+| ``evaluate`` | `EvalRequest`: held-out items, caps, grader | `EvalReport`: rows of the two evaluation CSVs |
+| ``state_dict`` | | `WorkerState`: trainable weights, optimizer state |
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
-from workbench.core.types import Rollout, RolloutId
+import torch
 
-__all__ = ["RolloutReport", "SharedRollout", "UpdateReport", "as_cross_rollout", "share"]
+from workbench.core.types import Rollout, RolloutId, TaskItem
+
+__all__ = [
+    "EvalReport",
+    "EvalRequest",
+    "RolloutReport",
+    "RolloutRequest",
+    "SharedRollout",
+    "UpdateReport",
+    "UpdateRequest",
+    "WorkerState",
+    "as_cross_rollout",
+    "share",
+]
 
 
 @dataclass
@@ -89,12 +112,38 @@ def as_cross_rollout(shared: SharedRollout) -> Rollout:
 
 
 @dataclass
+class RolloutRequest:
+    """Phase 1 for one agent: answer every prompt G times with the current (= old) policy, then score."""
+
+    prompts: list[str]
+    """The step's prompts (user contents, unformatted)."""
+    n: int
+    """Responses per prompt (G, times the method's group multiplier)."""
+    seed: int
+    """Sampling seed of this agent and step."""
+
+
+@dataclass
 class RolloutReport:
     """What a worker's rollout phase returns: its scored rollouts and how long each part took."""
 
     rollouts: list[SharedRollout]
     generate_s: float
     score_s: float
+
+
+@dataclass
+class UpdateRequest:
+    """Phase 5 for one learner: what it trains on besides its own rollouts, and how each sample counts."""
+
+    cross: list[SharedRollout]
+    """Other agents' rollouts to train on, grouped by author in agent order (empty: no sharing)."""
+    advantages_P_A_G: torch.Tensor
+    """This learner's advantage of every rollout of the step (``[p, a, g]``: agent a's g-th answer to p)."""
+    coef_A: torch.Tensor
+    """Loss coefficient of each author's samples: ω^(a, learner) (Eq. 10) or ones."""
+    where: str = ""
+    """Names the step and learner in a non-finite-loss error."""
 
 
 @dataclass
@@ -108,3 +157,46 @@ class UpdateReport:
 
     metrics: dict[str, float]
     samples: dict[RolloutId, dict[str, float]] = field(default_factory=dict)
+
+
+@dataclass
+class EvalRequest:
+    """One held-out set for every agent (`workbench.train.evaluate.evaluate` arguments)."""
+
+    items: list[TaskItem]
+    """The held-out problems."""
+    benchmark: str
+    """The ``benchmark`` column of the rows."""
+    max_new_tokens: int
+    """Response cap."""
+    instruction: str | None
+    """Appended to each question; None = the bare question."""
+    reward: str
+    """Grader (``task.reward``)."""
+    k: int = 0
+    """Sampled responses per item (avg@k); 0 = greedy only."""
+    temperature: float = 1.0
+    """Sampling temperature of the k samples."""
+
+
+@dataclass
+class EvalReport:
+    """One agent's results on one held-out set.
+
+    Attributes:
+        rows: Summary rows for ``evals.csv`` (``agent, benchmark, metric, value``).
+        values: ``{"greedy_acc": ..., "avg@k": ...}``.
+        item_rows: Per-item rows for ``eval_items.csv`` (`workbench.train.evaluate.EvalResult.item_rows`).
+    """
+
+    rows: list[dict[str, Any]]
+    values: dict[str, float]
+    item_rows: list[dict[str, Any]]
+
+
+@dataclass
+class WorkerState:
+    """A worker's part of a checkpoint, on CPU: the agent's trainable weights and its optimizer state."""
+
+    agent: dict[str, Any]
+    optimizer: dict[str, Any]

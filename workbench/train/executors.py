@@ -1,8 +1,8 @@
 """Where the agents' workers run: in the trainer's process, one after another, or in Ray actors, in parallel.
 
-Both executors hold one `AgentWorker` per agent and answer one call, ``each(method, kwargs_A)``: call
-``method`` on every worker with its own keyword arguments and return the results in agent order. The trainer
-never knows which executor it has.
+Both executors hold one `AgentWorker` per agent and implement the `Executor` protocol: one method per worker
+call (``rollout``, ``update``, ``evaluate``, ``state_dicts``...), each taking and returning the records of
+`workbench.train.exchange`, one per agent, in agent order. The trainer never knows which executor it has.
 
 | executor | workers | agents run | resources per agent |
 |---|---|---|---|
@@ -24,12 +24,15 @@ import dataclasses
 import logging
 import os
 import time
-from typing import Any
+from typing import Any, Protocol
 
+import workbench.train.exchange as exchange
 from workbench.config.agent_spec import AgentSpec
+from workbench.config.sections import RayConfig
+from workbench.train.plan import AgentFacts
 from workbench.train.worker import AgentWorker
 
-__all__ = ["EXECUTORS", "LocalExecutor", "RayExecutor", "RayOptions", "make_executor"]
+__all__ = ["EXECUTORS", "Executor", "LocalExecutor", "RayExecutor", "RayOptions", "make_executor"]
 
 log = logging.getLogger(__name__)
 
@@ -49,15 +52,89 @@ FORWARDED_ENV = (
 """Environment variables of the driver that Ray actors get too (caches, offline switches, threads)."""
 
 
+class Executor(Protocol):
+    """The agents' workers as the driver calls them: every method runs on every agent, results in agent order.
+
+    Each list argument holds one request per agent; each result one report per agent. A worker's own
+    exception (a `workbench.train.update.TrainingError`...) reaches the caller as itself.
+    """
+
+    def rollout(self, requests: list[exchange.RolloutRequest]) -> list[exchange.RolloutReport]:
+        """`AgentWorker.rollout` of every agent: sample, then score with the old policy."""
+        ...
+
+    def update(self, requests: list[exchange.UpdateRequest]) -> list[exchange.UpdateReport]:
+        """`AgentWorker.update` of every learner: its batch, then its mini-batch updates."""
+        ...
+
+    def evaluate(self, request: exchange.EvalRequest) -> list[exchange.EvalReport]:
+        """`AgentWorker.evaluate` of every agent on the same held-out set."""
+        ...
+
+    def state_dicts(self) -> list[exchange.WorkerState]:
+        """`AgentWorker.state_dict` of every agent (weights and optimizer state, on CPU)."""
+        ...
+
+    def load_state_dicts(self, states: list[exchange.WorkerState]) -> None:
+        """`AgentWorker.load_state_dict` of every agent."""
+        ...
+
+    def start_weights(self) -> list[str]:
+        """`AgentWorker.start_weights` of every agent: the digest of its weights as loaded."""
+        ...
+
+    def memory_facts(self, prompts: list[str]) -> list[AgentFacts]:
+        """`AgentWorker.memory_facts` of every agent: what the memory plan needs to know of it."""
+        ...
+
+    def use_memory_budgets(self, budgets: list[int]) -> None:
+        """`AgentWorker.use_memory_budget` of every agent: the bytes its batches may use."""
+        ...
+
+    def close(self) -> None:
+        """Release the workers."""
+        ...
+
+
 class LocalExecutor:
-    """Every worker in this process; ``each`` calls them one after another (the default, bit-exact path)."""
+    """Every worker in this process, called one after another (the default, bit-exact path)."""
 
     def __init__(self, worker_kwargs: list[dict[str, Any]]) -> None:
         self.workers = [AgentWorker(**kwargs) for kwargs in worker_kwargs]
 
-    def each(self, method: str, kwargs_A: list[dict[str, Any]]) -> list[Any]:
-        """``[getattr(worker_a, method)(**kwargs_A[a]) for every agent a]``."""
-        return [getattr(w, method)(**kw) for w, kw in zip(self.workers, kwargs_A, strict=True)]
+    def rollout(self, requests: list[exchange.RolloutRequest]) -> list[exchange.RolloutReport]:
+        """See `Executor.rollout`."""
+        return [w.rollout(r) for w, r in zip(self.workers, requests, strict=True)]
+
+    def update(self, requests: list[exchange.UpdateRequest]) -> list[exchange.UpdateReport]:
+        """See `Executor.update`."""
+        return [w.update(r) for w, r in zip(self.workers, requests, strict=True)]
+
+    def evaluate(self, request: exchange.EvalRequest) -> list[exchange.EvalReport]:
+        """See `Executor.evaluate`."""
+        return [w.evaluate(request) for w in self.workers]
+
+    def state_dicts(self) -> list[exchange.WorkerState]:
+        """See `Executor.state_dicts`."""
+        return [w.state_dict() for w in self.workers]
+
+    def load_state_dicts(self, states: list[exchange.WorkerState]) -> None:
+        """See `Executor.load_state_dicts`."""
+        for w, state in zip(self.workers, states, strict=True):
+            w.load_state_dict(state)
+
+    def start_weights(self) -> list[str]:
+        """See `Executor.start_weights`."""
+        return [w.start_weights() for w in self.workers]
+
+    def memory_facts(self, prompts: list[str]) -> list[AgentFacts]:
+        """See `Executor.memory_facts`."""
+        return [w.memory_facts(prompts) for w in self.workers]
+
+    def use_memory_budgets(self, budgets: list[int]) -> None:
+        """See `Executor.use_memory_budgets`."""
+        for w, budget in zip(self.workers, budgets, strict=True):
+            w.use_memory_budget(budget)
 
     def close(self) -> None:
         """Nothing to release."""
@@ -75,6 +152,11 @@ class RayOptions:
     gpus_per_agent: float | None = None
     """GPUs each CUDA agent reserves; None = 1 for an agent on ``cuda``/``cuda:N``/``auto`` (when the cluster
     has GPUs), 0 on ``cpu``. Fractions (0.5) let two small agents share a GPU."""
+
+    @classmethod
+    def from_config(cls, section: RayConfig) -> RayOptions:
+        """The options of the config's validated ``ray`` section."""
+        return cls(section.address, section.cpus_per_agent, section.gpus_per_agent)
 
 
 def _agent_gpus(spec: AgentSpec, options: RayOptions, cluster_gpus: float) -> float:
@@ -120,7 +202,7 @@ def _check_room(ray: Any, need: dict[str, float], wait_s: float = 30.0) -> None:
 
 
 class RayExecutor:
-    """One Ray actor per agent; ``each`` calls them all at once and waits for every result.
+    """One Ray actor per agent; every call goes to all actors at once and waits for every result.
 
     Args:
         worker_kwargs: `AgentWorker` arguments per agent (``spec``, ``index``, ``names``, ``settings``).
@@ -149,14 +231,46 @@ class RayExecutor:
             )
             for kw, gpus in zip(worker_kwargs, gpus_A)
         ]
-        for where in self.each("ready", [{} for _ in self.actors]):
+        for where in self._gather([actor.ready.remote() for actor in self.actors]):
             log.info("ray actor ready: %s", where)
 
-    def each(self, method: str, kwargs_A: list[dict[str, Any]]) -> list[Any]:
-        """Calls ``method`` on every actor at once; re-raises a worker's own exception (not Ray's wrapper)."""
+    def rollout(self, requests: list[exchange.RolloutRequest]) -> list[exchange.RolloutReport]:
+        """See `Executor.rollout` (all actors at once)."""
+        return self._gather([a.rollout.remote(r) for a, r in zip(self.actors, requests, strict=True)])
+
+    def update(self, requests: list[exchange.UpdateRequest]) -> list[exchange.UpdateReport]:
+        """See `Executor.update` (all actors at once)."""
+        return self._gather([a.update.remote(r) for a, r in zip(self.actors, requests, strict=True)])
+
+    def evaluate(self, request: exchange.EvalRequest) -> list[exchange.EvalReport]:
+        """See `Executor.evaluate` (all actors at once)."""
+        return self._gather([a.evaluate.remote(request) for a in self.actors])
+
+    def state_dicts(self) -> list[exchange.WorkerState]:
+        """See `Executor.state_dicts`."""
+        return self._gather([a.state_dict.remote() for a in self.actors])
+
+    def load_state_dicts(self, states: list[exchange.WorkerState]) -> None:
+        """See `Executor.load_state_dicts`."""
+        self._gather([a.load_state_dict.remote(s) for a, s in zip(self.actors, states, strict=True)])
+
+    def start_weights(self) -> list[str]:
+        """See `Executor.start_weights`."""
+        return self._gather([a.start_weights.remote() for a in self.actors])
+
+    def memory_facts(self, prompts: list[str]) -> list[AgentFacts]:
+        """See `Executor.memory_facts`."""
+        return self._gather([a.memory_facts.remote(prompts) for a in self.actors])
+
+    def use_memory_budgets(self, budgets: list[int]) -> None:
+        """See `Executor.use_memory_budgets`."""
+        self._gather([a.use_memory_budget.remote(b) for a, b in zip(self.actors, budgets, strict=True)])
+
+    @staticmethod
+    def _gather(refs: list[Any]) -> list[Any]:
+        """Every actor's result, in order; re-raises a worker's own exception (not Ray's wrapper)."""
         import ray
 
-        refs = [getattr(actor, method).remote(**kw) for actor, kw in zip(self.actors, kwargs_A, strict=True)]
         try:
             return ray.get(refs)
         except ray.exceptions.RayTaskError as err:
@@ -176,7 +290,7 @@ class RayExecutor:
 
 def make_executor(
     kind: str, worker_kwargs: list[dict[str, Any]], *, seed: int, ray_options: RayOptions | None = None
-) -> LocalExecutor | RayExecutor:
+) -> Executor:
     """The executor named by ``kind`` (`EXECUTORS`)."""
     if kind == "local":
         return LocalExecutor(worker_kwargs)

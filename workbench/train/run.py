@@ -30,8 +30,9 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from workbench.config.experiment import ExperimentConfig
-from workbench.config.loading import load_experiment
+from workbench.config.loading import config_hash, load_experiment
 from workbench.core.lock import DirectoryLock
+from workbench.core.machine import code_version
 from workbench.core.storage import as_storage_error, check_free_space, ensure_writable_dir, format_bytes
 from workbench.train.checkpoint import (
     last_good_checkpoint,
@@ -39,8 +40,7 @@ from workbench.train.checkpoint import (
     load_latest_checkpoint,
     tensor_bytes,
 )
-from workbench.train.environment import code_version
-from workbench.train.rundir import RunWriter, config_hash, create_run_dir, find_run, run_code_version
+from workbench.train.rundir import RunWriter, create_run_dir, find_run, run_code_version
 from workbench.train.trainer import Trainer
 
 __all__ = ["RUN_LOCK", "fit", "train"]
@@ -63,7 +63,7 @@ def train(
     """Run an experiment and return its run directory ``results/<experiment>/<run-id>/``.
 
     With ``resume=True`` a run of the same experiment, identical resolved config and the same code version
-    (`workbench.train.environment.code_version`: the package source and the zoo recipe) continues from its
+    (`workbench.core.machine.code_version`: the package source) continues from its
     latest intact checkpoint, and a finished one is returned as it is (nothing is recomputed). A matching run
     made by other code is not reused: a new run starts, and a log line names the old one.
 

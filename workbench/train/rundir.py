@@ -19,12 +19,11 @@ plots, tables and notebooks; metric keys are documented in ``docs/metrics.md``):
 Every write is atomic (`workbench.core.io`); `create_run_dir` makes the directory exclusively, so two runs
 never share one, and `train` holds the run's lock (`workbench.core.lock`) while it writes, so one run has one
 writer. `workbench.lab.frames` loads run directories into pandas. The two evaluation tables are described in
-`workbench.train.evalcsv`.
+`workbench.core.evalcsv`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import re
@@ -35,17 +34,14 @@ from typing import Any
 
 import yaml
 
+from workbench.config.loading import config_hash, read_run_config
 from workbench.core import io as wio
+from workbench.core.evalcsv import EVAL_COLUMNS, ITEM_COLUMNS, append_rows, eval_row, item_row, truncate
 from workbench.core.io import to_float, to_jsonable, to_plain
 from workbench.train.environment import collect_environment
-from workbench.train.evalcsv import EVAL_COLUMNS, ITEM_COLUMNS, append_rows, eval_row, item_row, truncate
 
 __all__ = [
-    "EVAL_COLUMNS",
-    "ITEM_COLUMNS",
-    "PLACEMENT_KEYS",
     "RunWriter",
-    "config_hash",
     "create_run_dir",
     "find_run",
     "run_code_version",
@@ -55,23 +51,6 @@ logger = logging.getLogger(__name__)
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 _MAX_TRIES = 100
-
-
-PLACEMENT_KEYS = ("executor", "ray")
-"""Top-level config keys that say where a run computes, not what it computes: left out of `config_hash`, so
-a run resumes under either executor (they give the same results, ``tests/test_executors.py``) and configs
-written before these keys existed hash as they did."""
-
-
-def config_hash(cfg: dict[str, Any]) -> str:
-    """A stable 12-hex-digit hash of a resolved config (key order, tuples vs lists and paths vs strings
-    do not matter; `PLACEMENT_KEYS` are left out), used to decide whether a run directory holds "the same
-    config"."""
-    plain = to_plain(cfg)
-    if isinstance(plain, dict):
-        plain = {k: v for k, v in plain.items() if k not in PLACEMENT_KEYS}
-    text = json.dumps(plain, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
 
 
 def _check_name(kind: str, value: str) -> None:
@@ -127,13 +106,6 @@ def create_run_dir(root: Path | str, experiment: str, *, run_id: str | None = No
     raise FileExistsError(f"could not create a unique run directory under {exp_dir} in {_MAX_TRIES} tries")
 
 
-def _read_config(run_dir: Path) -> dict[str, Any]:
-    cfg = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
-    if not isinstance(cfg, dict):
-        raise ValueError(f"{run_dir / 'config.yaml'}: expected a mapping, got {type(cfg).__name__}")
-    return cfg
-
-
 def run_code_version(run_dir: Path | str) -> str | None:
     """The `code_version` that started a run (``environment.json``), or None when it is not recorded."""
     try:
@@ -158,7 +130,7 @@ def find_run(
     matches: list[tuple[int, str, Path]] = []
     for cfg_path in exp_dir.glob("*/config.yaml"):
         try:
-            cfg = _read_config(cfg_path.parent)
+            cfg = read_run_config(cfg_path.parent)
         except (OSError, ValueError, yaml.YAMLError) as err:
             logger.warning("find_run: skipping %s: %s", cfg_path, err)
             continue
@@ -210,7 +182,7 @@ class RunWriter:
         if not isinstance(plain, dict):
             raise TypeError(f"write_config: cfg must be a dict, got {type(cfg).__name__}")
         if self.config_path.exists():
-            old = _read_config(self.run_dir)
+            old = read_run_config(self.run_dir)
             if config_hash(old) != config_hash(plain):
                 keys = sorted(k for k in set(old) | set(plain) if old.get(k) != plain.get(k))
                 raise ValueError(
@@ -316,7 +288,7 @@ class RunWriter:
 
     def append_eval_items(self, step: int, rows: list[dict[str, Any]]) -> None:
         """Append per-item rows ``{agent, benchmark, item, greedy, sampled, k}`` at ``step`` to
-        ``eval_items.csv`` (atomic rewrite; `workbench.train.evalcsv` describes the columns).
+        ``eval_items.csv`` (atomic rewrite; `workbench.core.evalcsv` describes the columns).
 
         Raises:
             ValueError: A row lacks a field, has a conflicting ``step`` or an out-of-range count.

@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from workbench.config.experiment import ExperimentConfig
-from workbench.train.rundir import config_hash, find_run
+from workbench.config.loading import config_hash
+from workbench.train.rundir import find_run
 
 __all__ = ["SINKS", "Tracker", "report_to_problem"]
 

@@ -1,17 +1,17 @@
 """`AgentWorker`: one agent, its optimizer and its step's own rollouts, in the trainer's process or an actor.
 
 The driver (`workbench.train.trainer.Trainer`) runs Algorithm 1 and talks to each agent only through a
-worker's four calls, whose arguments and results are text, rewards and scalars (`workbench.train.exchange`):
+worker's calls, whose requests and reports are text, rewards and scalars (`workbench.train.exchange`):
 
-    rollout(prompts)                     generate G responses per prompt, then the one no-grad pass over them
-                                         (old + KL reference log-probs, `score_self`) → SharedRollouts
-    update(cross, advantages, ω, step)   build the learner's batch (own token ids + cross text re-encoded),
-                                         mini-batch updates → metrics and per-sample ratios
-    evaluate(items)                      greedy accuracy rows and per-item results
-    state_dict() / load_state_dict()     adapter or full weights + optimizer state (checkpoints only)
+    rollout(RolloutRequest)          generate G responses per prompt, then the one no-grad pass over them
+                                     (old + KL reference log-probs, `score_self`) → SharedRollouts
+    update(UpdateRequest)            build the learner's batch (own token ids + cross text re-encoded),
+                                     mini-batch updates (`update_learner`) → metrics and per-sample ratios
+    evaluate(EvalRequest)            greedy and sampled accuracy rows, per-item results
+    state_dict() / load_state_dict() adapter or full weights + optimizer state (checkpoints only)
 
-The worker keeps its own rollouts' token ids and `SelfScores` between ``rollout`` and ``update`` of a step, so
-nothing about a learner's own tokens ever leaves it. Every forward pass runs in `precision` (bf16 autocast
+The worker keeps its own rollouts' token ids and old log-probs between ``rollout`` and ``update`` of a step,
+so nothing about a learner's own tokens ever leaves it. Every forward pass runs in `precision` (bf16 autocast
 for full fine-tuning on CUDA).
 """
 
@@ -31,15 +31,31 @@ from workbench.agents.engine import RolloutEngine, TransformersEngine, check_rol
 from workbench.agents.hf import precision
 from workbench.agents.loading import load_agent
 from workbench.agents.memory import device_key, device_memory
-from workbench.agents.tokens import self_token_batch
 from workbench.config.agent_spec import AgentSpec
+from workbench.config.experiment import ExperimentConfig
 from workbench.core.losses import LossParams
-from workbench.core.types import Rollout, TaskItem
-from workbench.train.batches import build_learner_batch
+from workbench.core.types import Rollout
+from workbench.train.batches import OldScores, build_learner_batch
 from workbench.train.evaluate import evaluate
-from workbench.train.exchange import RolloutReport, SharedRollout, UpdateReport, as_cross_rollout, share
+from workbench.train.exchange import (
+    EvalReport,
+    EvalRequest,
+    RolloutReport,
+    RolloutRequest,
+    UpdateReport,
+    UpdateRequest,
+    WorkerState,
+    as_cross_rollout,
+    share,
+)
 from workbench.train.plan import AgentFacts
-from workbench.train.update import SelfScores, UpdateSettings, learner_metrics, score_self, update_learner
+from workbench.train.update import (
+    UpdateSettings,
+    learner_metrics,
+    score_cross,
+    score_own,
+    update_learner,
+)
 
 __all__ = ["AgentWorker", "WorkerSettings"]
 
@@ -68,6 +84,40 @@ class WorkerSettings:
     """How a cross sample's log-likelihoods are length-normalised (``tokens`` or ``bytes``)."""
     compile_decode: bool = False
     """The built-in engine decodes under ``torch.compile`` (`workbench.agents.engine.TransformersEngine`)."""
+
+    @classmethod
+    def from_config(cls, cfg: ExperimentConfig) -> WorkerSettings:
+        """What every worker needs from the config: optimizer, update and loss scalars, sampling caps."""
+        h, t, method = cfg.hacpo, cfg.train, cfg.algo
+        eps_low, eps_high = method.clip or (h.eps_low, h.eps_high)
+        return cls(
+            update=UpdateSettings(
+                loss=method.loss,
+                minibatch_size=t.minibatch_prompts * t.group_size,
+                micro_batch_size=t.micro_batch_size,
+                temperature=t.temperature,
+                kl_coef=t.kl_coef,
+                grad_clip=t.grad_clip,
+                skip_uniform_groups=t.skip_uniform_groups,
+                cross_old_from_learner=h.naive_symmetric,
+            ),
+            loss=LossParams(
+                eps_low=eps_low,
+                eps_high=eps_high,
+                alpha=h.alpha,
+                delta=h.delta,
+                delta_step=h.delta_step,
+                max_abs_log_ratio=h.max_abs_log_ratio,
+                clip_cross=h.clip_cross,
+            ),
+            lr=t.lr,
+            weight_decay=t.weight_decay,
+            top_p=t.top_p,
+            max_new_tokens=t.max_new_tokens,
+            betas=(t.adam_beta1, t.adam_beta2),
+            ratio_normalization=h.ratio_normalization,
+            compile_decode=t.compile_decode,
+        )
 
 
 class AgentWorker:
@@ -118,7 +168,7 @@ class AgentWorker:
         )
         self.memory_budget: int | None = None
         self._own: list[Rollout] = []
-        self._scores: SelfScores | None = None
+        self._own_scores: OldScores | None = None
 
     def ready(self) -> str:
         """Where the agent sits (a Ray actor's first answer: loading errors surface here)."""
@@ -147,18 +197,14 @@ class AgentWorker:
             self.engine.memory_budget = budget
 
     # ------------------------------------------------------------------------------------------ step
-    def rollout(self, prompts: list[str], *, n: int, seed: int) -> RolloutReport:
+    def rollout(self, request: RolloutRequest) -> RolloutReport:
         """G responses per prompt with the current (= old) policy, then the one no-grad pass over them.
-
-        Args:
-            prompts: The step's prompts (user contents).
-            n: Responses per prompt (G).
-            seed: Sampling seed of this agent and step.
 
         Returns:
             The rollouts as `SharedRollout` (old log-likelihoods filled) and the phase times.
         """
         s, t = self.settings, self.settings.update
+        prompts, n = request.prompts, request.n
         t0 = time.perf_counter()
         with precision(self.agent):
             rollouts = self.engine.generate(
@@ -168,58 +214,41 @@ class AgentWorker:
                 top_p=s.top_p,
                 max_new_tokens=s.max_new_tokens,
                 author=self.index,
-                seed=seed,
+                seed=request.seed,
             )
             check_rollouts(
                 self.agent, prompts, n, rollouts, author=self.index, max_new_tokens=s.max_new_tokens
             )
             t1 = time.perf_counter()
-            scores = score_self(self.agent, self_token_batch(rollouts, self.agent.pad_token_id), t)
-        for rollout, total, count in zip(rollouts, scores.old_logp_sum, scores.old_logp_count):
-            rollout.old_logp_sum, rollout.old_logp_count = total, count
-        self._own, self._scores = rollouts, scores
+            self._own, self._own_scores = rollouts, score_own(self.agent, rollouts, t)
         return RolloutReport([share(r) for r in rollouts], t1 - t0, time.perf_counter() - t1)
 
-    def update(
-        self,
-        cross: list[SharedRollout],
-        advantages_P_A_G: torch.Tensor,
-        coef_A: torch.Tensor,
-        *,
-        where: str,
-    ) -> UpdateReport:
-        """This learner's mini-batch updates on its own rollouts of the step and the shared ``cross`` ones.
-
-        Args:
-            cross: Other agents' rollouts to train on, grouped by author in agent order (empty: no sharing).
-            advantages_P_A_G: This learner's advantage of every rollout of the step.
-            coef_A: Loss coefficient of each author's samples (ω^(a, k) for HACPO, else ones).
-            where: Names the step and learner in a non-finite-loss error.
+    def update(self, request: UpdateRequest) -> UpdateReport:
+        """This learner's mini-batch updates on its own rollouts of the step and the shared ones it is sent.
 
         Returns:
             The learner's metrics and its per-sample advantages, ratios and bounds.
         """
-        if self._scores is None:
+        if self._own_scores is None:
             raise RuntimeError(f"agent {self.agent.name!r}: update before rollout in this step")
+        t = self.settings.update
+        own_scores, self._own_scores = self._own_scores, None  # the scores are of the old policy: used once
         batch = build_learner_batch(
             self.agent,
             self.index,
             self._own,
-            [as_cross_rollout(r) for r in cross],
-            advantages_P_A_G,
-            coef_A,
+            [as_cross_rollout(r) for r in request.cross],
+            request.advantages_P_A_G,
+            request.coef_A,
+            own_scores,
             ratio_normalization=self.settings.ratio_normalization,
+            skip_uniform_groups=t.skip_uniform_groups,
         )
-        scores, self._scores = self._scores, None  # one update per rollout: the scores are of the old policy
         with precision(self.agent):
+            if t.cross_old_from_learner:  # the symmetric Naive: shared rows against the learner's own policy
+                score_cross(self.agent, batch, t)
             update = update_learner(
-                self.agent,
-                self.optimizer,
-                batch,
-                scores,
-                self.settings.loss,
-                self.settings.update,
-                where=where,
+                self.agent, self.optimizer, batch, self.settings.loss, t, where=request.where
             )
         self.engine.sync()
         samples = {
@@ -232,12 +261,11 @@ class AgentWorker:
                 update.upper_B.tolist(),
             )
         }
-        return UpdateReport(learner_metrics(self.agent.name, self.names, batch, update), samples)
+        metrics = learner_metrics(self.agent.name, self.names, batch, update, skipping=t.skip_uniform_groups)
+        return UpdateReport(metrics, samples)
 
-    def evaluate(
-        self, items: list[TaskItem], *, k: int = 0, **kwargs: Any
-    ) -> tuple[list[dict[str, Any]], dict[str, float], list[dict[str, Any]]]:
-        """Greedy accuracy and, with ``k`` > 0, sampled avg@k (`workbench.train.evaluate.evaluate` keywords).
+    def evaluate(self, request: EvalRequest) -> EvalReport:
+        """Greedy accuracy and, with ``k`` > 0, sampled avg@k on one held-out set.
 
         Returns:
             The summary rows for ``evals.csv``, ``{"greedy_acc": ..., "avg@k": ...}``, and the per-item rows
@@ -246,14 +274,18 @@ class AgentWorker:
         with precision(self.agent):
             result = evaluate(
                 self.agent,
-                items,
-                k=k,
+                request.items,
+                k=request.k,
+                temperature=request.temperature,
+                max_new_tokens=request.max_new_tokens,
                 greedy=True,
+                benchmark=request.benchmark,
+                instruction=request.instruction,
+                method=request.reward,
                 agent_name=self.agent.name,
                 memory_budget=self.memory_budget,
-                **kwargs,
             )
-        summary = result.summary
+        summary, k = result.summary, request.k
         wanted = ["greedy_acc"] + ([f"avg@{k}"] if k else [])
         values = {
             metric: float(summary.loc[summary["metric"] == metric, "value"].iloc[0])
@@ -261,17 +293,17 @@ class AgentWorker:
             else float("nan")
             for metric in wanted
         }
-        return result.rows(), values, result.item_rows()
+        return EvalReport(result.rows(), values, result.item_rows())
 
     # ----------------------------------------------------------------------------------------- state
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> WorkerState:
         """Trainable weights and optimizer state, on CPU (a driver without the agent's GPU can hold them)."""
-        return {"agent": self.agent.trainable_state_dict(), "optimizer": _on_cpu(self.optimizer.state_dict())}
+        return WorkerState(self.agent.trainable_state_dict(), _on_cpu(self.optimizer.state_dict()))
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: WorkerState) -> None:
         """Restore what `state_dict` returned (optimizer tensors move to the agent's device)."""
-        self.agent.load_trainable_state_dict(state["agent"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.agent.load_trainable_state_dict(state.agent)
+        self.optimizer.load_state_dict(state.optimizer)
         self.engine.sync()
 
 

@@ -9,8 +9,8 @@ greedy accuracy, avg@k, unbiased pass@j and best@k (`workbench.tasks.metrics`). 
 |---|---|
 | ``evals.csv`` | tidy: ``run, algorithm, step, agent, benchmark, metric, value, items`` |
 | ``samples.jsonl`` | every response with its reward and grading reason |
-| ``table1.csv`` / ``.tex`` | the Table-1 layout of one metric: a row per agent (and method), a column per |
-| | benchmark, and AVG (their unweighted mean) |
+| ``table1.csv`` / ``.tex`` | the Table-1 layout of one metric (`workbench.lab.tables.paper_table`): a row |
+| | per agent (and method), a column per benchmark and AVG (their unweighted mean), each with its se |
 
 Sources are task sources (`workbench.tasks.sources.load_tasks`, ``test`` split); ``paper`` stands for the
 paper's seven benchmarks (`PAPER_BENCHMARKS`), read from ``$HACPO_DATA_DIR``. Every source is loaded and
@@ -37,13 +37,14 @@ from workbench.core.io import atomic_write_text
 from workbench.core.paths import project_path
 from workbench.core.types import TaskItem
 from workbench.lab import latex
+from workbench.lab.tables import paper_table
 from workbench.tasks.prompts import PAPER_INSTRUCTION
 from workbench.tasks.rewards import reward_problem
 from workbench.tasks.sources import load_tasks
 from workbench.train.evaluate import evaluate
 from workbench.train.preflight import held_out_sources
 
-__all__ = ["PAPER_BENCHMARKS", "EvalReport", "evaluate_target", "table1"]
+__all__ = ["PAPER_BENCHMARKS", "EvalReport", "evaluate_target"]
 
 log = logging.getLogger(__name__)
 
@@ -134,17 +135,6 @@ def _load_items(plan: _Plan, n: int | None, seed: int) -> dict[str, list[TaskIte
     return items
 
 
-def table1(evals: pd.DataFrame, metric: str) -> pd.DataFrame:
-    """One metric in the paper's Table-1 layout: rows (agent, method), columns benchmarks in order, AVG."""
-    sel = evals[evals["metric"] == metric]
-    benchmarks = list(dict.fromkeys(sel["benchmark"]))
-    table = sel.pivot_table(index=["agent", "algorithm"], columns="benchmark", values="value", sort=False)
-    table = table.reindex(columns=benchmarks)
-    table["AVG"] = table.mean(axis=1, skipna=False)
-    table.index.names, table.columns.name = ["agent", "method"], None
-    return table
-
-
 def _write(report: EvalReport, out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     evals, samples = out_dir / "evals.csv", out_dir / "samples.jsonl"
@@ -220,7 +210,8 @@ def evaluate_target(
     evals = evals[["run", "algorithm", "step", "agent", "benchmark", "metric", "value", "items"]]
     if metric not in set(evals["metric"]):
         raise ConfigError(f"--metric {metric!r} is not allowed: measured {sorted(set(evals['metric']))}")
-    report = EvalReport(evals, pd.concat(samples, ignore_index=True), table1(evals, metric), metric)
+    table = paper_table(evals, metric)
+    report = EvalReport(evals, pd.concat(samples, ignore_index=True), table, metric)
     out = Path(out_dir) if out_dir else project_path("results/eval") / plan.label.replace("/", "-")
     report.files = _write(report, out)
     return report

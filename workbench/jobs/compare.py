@@ -1,29 +1,26 @@
-"""Run experiments under several methods and seeds, and compare the agents' held-out accuracy.
+"""Train experiments under several methods and seeds: the runs a comparison is made of.
 
 This is the main job (``make demo``): HACPO against the GSPO baseline at the same rollout cost, on the same
-agents and prompts, once per seed (one run directory each), then a table per agent of initial and final
-accuracy after each method, mean ± std over seeds with n and standard errors (``workbench.lab.stats``).
+agents and prompts, once per seed (one run directory each). The table of the comparison (initial and final
+accuracy after each method, mean ± std over seeds) is read from the runs by
+`workbench.lab.accuracy.accuracy_table`. `ShortRun` is the tuning panel's "launch short run".
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
-
-import pandas as pd
 
 from workbench.config.checks import ConfigError
 from workbench.config.experiment import ExperimentConfig, expand_seeds
 from workbench.config.loading import load_experiment, parse_overrides
 from workbench.config.methods import ALGORITHMS
-from workbench.lab.frames import load_evals, select_runs
-from workbench.lab.stats import aggregate, final_and_initial, stat_table
 from workbench.train.run import train
 
-__all__ = ["ShortRun", "accuracy_table", "run_comparison", "run_experiments", "run_seeds"]
+__all__ = ["ShortRun", "run_comparison", "run_experiments", "run_seeds"]
 
 log = logging.getLogger(__name__)
 
@@ -132,82 +129,6 @@ def run_experiments(
     n = max((len(c) for c in by_method.values()), default=0)
     jobs = [(m, cfgs[i]) for i in range(n) for m, cfgs in by_method.items() if i < len(cfgs)]
     return _train_all(jobs, on_step)
-
-
-def _as_lists(runs: Mapping[str, Path | str | Sequence[Path | str]]) -> dict[str, list[Path]]:
-    return {m: [Path(r)] if isinstance(r, str | Path) else [Path(p) for p in r] for m, r in runs.items()}
-
-
-def _gains(final: pd.DataFrame, names: list[str]) -> pd.DataFrame:
-    """Per seed paired differences ``<method> − <last method>`` (se: sqrt(se_a² + se_b²), conservative)."""
-    parts = []
-    ref = final[final["method"] == names[-1]].set_index(["seed", "agent", "metric"])
-    for name in names[:-1]:
-        mine = final[final["method"] == name].set_index(["seed", "agent", "metric"])
-        both = mine[["value", "se"]].join(ref[["value", "se"]], rsuffix="_ref", how="inner")
-        diff = pd.DataFrame(
-            {"value": both["value"] - both["value_ref"], "se": (both["se"] ** 2 + both["se_ref"] ** 2) ** 0.5}
-        )
-        parts.append(diff.reset_index().assign(column=f"{name} − {names[-1]}"))
-    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
-
-
-def accuracy_table(
-    runs: Mapping[str, Path | str | Sequence[Path | str]],
-    metrics: Sequence[str] | None = None,
-    *,
-    decimals: int = 3,
-) -> pd.DataFrame:
-    """Per agent and metric: initial accuracy, final accuracy after each method, and the gains over the last.
-
-    Only runs that may be averaged are used (``workbench.lab.frames.select_runs``: finished, same config but
-    for the seed, same code); the others are logged and listed in ``table.attrs["excluded"]``. Each cell is
-    mean ± std over seeds with n and se (``workbench.lab.stats``); ``initial`` is the step-0 evaluation,
-    once per seed; ``<method> − <last>`` is the per-seed paired difference over the seeds both share.
-
-    Args:
-        runs: ``{method: [run_dir per seed]}`` from :func:`run_comparison` (or one run dir per method).
-        metrics: Eval metrics (default: ``greedy_acc`` and every ``avg@k`` logged).
-        decimals: Rounding of mean, std and se.
-
-    Returns:
-        A stat table indexed by (agent, metric), columns ``(initial | <method> | <gain>, stat)``.
-    """
-    lists = _as_lists(runs)
-    selection = select_runs([p for paths in lists.values() for p in paths])
-    if len(selection.excluded):
-        log.warning(
-            "accuracy_table: left out %d runs:\n%s", len(selection.excluded), selection.excluded.to_string()
-        )
-    chosen = {p.resolve() for p in selection.runs}
-    method_of = {p.resolve(): m for m, paths in lists.items() for p in paths if p.resolve() in chosen}
-    evals = load_evals(sorted(method_of))
-    evals = evals.assign(method=evals["run_dir"].map(lambda d: method_of.get(Path(d).resolve())))
-    if metrics is None:
-        present = set(evals["metric"])
-        metrics = [
-            m for m in ["greedy_acc", *sorted(m for m in present if m.startswith("avg@"))] if m in present
-        ]
-    evals = evals[evals["metric"].isin(list(metrics))]
-    final, initial = final_and_initial(evals)
-    names = [m for m in lists if m in set(final["method"])]
-    parts = [
-        aggregate(initial.assign(column="initial"), ["agent", "metric", "column"]),
-        aggregate(final.rename(columns={"method": "column"}), ["agent", "metric", "column"]),
-    ]
-    gains = _gains(final, names)
-    if len(gains):
-        parts.append(aggregate(gains, ["agent", "metric", "column"]))
-    agg = pd.concat(parts, ignore_index=True)
-    agents = list(dict.fromkeys(evals["agent"]))
-    rows = [(a, m) for a in agents for m in metrics if ((agg["agent"] == a) & (agg["metric"] == m)).any()]
-    present = set(agg["column"])
-    columns = [c for c in ["initial", *names, *(f"{m} − {names[-1]}" for m in names[:-1])] if c in present]
-    table = stat_table(
-        agg, ["agent", "metric"], "column", index_order=rows, column_order=columns, decimals=decimals
-    )
-    table.attrs["excluded"] = selection.excluded
-    return table
 
 
 _TUNING_KEYS = ("alpha", "delta", "delta_step", "window", "min_ratio", "max_ratio")
