@@ -77,6 +77,8 @@ class LearnerUpdate:
     lower_B: torch.Tensor
     upper_B: torch.Tensor
     clipped_B: torch.Tensor
+    minibatch_B: torch.Tensor
+    """The mini-batch index m each row was trained in (the m of its stepwise bound, Eq. 14)."""
     losses: list[float] = field(default_factory=list)
     kls: list[float] = field(default_factory=list)
     grad_norms: list[float] = field(default_factory=list)
@@ -85,14 +87,15 @@ class LearnerUpdate:
     @classmethod
     def empty(cls, n: int, n_updates: int) -> LearnerUpdate:
         """NaN statistics for ``n`` rows (rows the loop never trains keep them) and no losses yet."""
-        return cls(*(torch.full((n,), math.nan) for _ in range(4)), n_updates=n_updates)
+        return cls(*(torch.full((n,), math.nan) for _ in range(5)), n_updates=n_updates)
 
-    def record(self, rows: list[int], loss: float, stats: losses.SampleStats) -> None:
-        """One micro-batch's loss and per-sample statistics."""
+    def record(self, rows: list[int], m: int, loss: float, stats: losses.SampleStats) -> None:
+        """One micro-batch's loss and per-sample statistics, trained in mini-batch ``m``."""
         self.losses.append(loss)
         index_B = torch.tensor(rows, dtype=torch.long)
         for name in ("ratio_B", "lower_B", "upper_B", "clipped_B"):
             getattr(self, name)[index_B] = getattr(stats, name).float().cpu()
+        self.minibatch_B[index_B] = float(m)
 
 
 def score_own(agent: Agent, rollouts: list[Rollout], settings: UpdateSettings) -> OldScores:
@@ -217,7 +220,7 @@ def update_learner(
             if not torch.isfinite(total):
                 raise TrainingError(f"non-finite loss {total.item()} at {where}, mini-batch {m}")
             (total * len(rows) / size).backward()
-            out.record(rows, loss.item(), stats)
+            out.record(rows, m, loss.item(), stats)
         out.grad_norms.append(
             torch.nn.utils.clip_grad_norm_(agent.trainable_parameters(), settings.grad_clip).item()
         )
@@ -233,7 +236,9 @@ def learner_metrics(
     ``clip_frac`` is the share of a source's samples whose gradient clipping removed (the loss's own
     definition: the clipped branch of GSPO's min, or a cross ratio outside [lb_m, 1]); for cross sources
     ``in_range_frac`` is the share that gave gradient. With ``skipping`` (``skip_uniform_groups``) only the
-    kept samples count and ``adv/<learner>/kept_frac`` is their share.
+    kept samples count and ``adv/<learner>/kept_frac`` is their share. The same ratio mean and clip (or
+    in-range) share per mini-batch index m, under ``is/<learner>/<source>/m<m>/``, give the paper's Table 6
+    per mini-batch: cross ratios meet a tighter bound in each later mini-batch (Eq. 14).
     """
     kept_B = ~update.ratio_B.isnan()
     metrics = {
@@ -263,4 +268,11 @@ def learner_metrics(
         metrics[f"{prefix}/clip_frac"] = clipped
         if a != batch.learner:
             metrics[f"{prefix}/in_range_frac"] = 1.0 - clipped
+        for m in sorted({int(m) for m in update.minibatch_B[sel].tolist()}):
+            in_m = sel & (update.minibatch_B == m)
+            clipped_m = update.clipped_B[in_m].mean().item()
+            metrics[f"{prefix}/m{m}/ratio_mean"] = update.ratio_B[in_m].mean().item()
+            metrics[f"{prefix}/m{m}/{'clip_frac' if a == batch.learner else 'in_range_frac'}"] = (
+                clipped_m if a == batch.learner else 1.0 - clipped_m
+            )
     return metrics
