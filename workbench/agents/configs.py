@@ -19,8 +19,8 @@ def model_config(spec: AgentSpec) -> tuple[dict[str, Any], str]:
     """``(config.json as a dict, where it came from)`` of an agent's model, without loading weights.
 
     Tiny presets and directories are read locally (a preset is built on first use, as training would); a hub
-    id's config comes from the hub or the local cache, else from `REFERENCE_CONFIGS`; embedded models use
-    `REFERENCE_CONFIGS` when they have an entry (no conversion needed).
+    id's config comes from the local cache, else from `REFERENCE_CONFIGS`, else from the hub; embedded models
+    use `REFERENCE_CONFIGS` when they have an entry (no conversion needed).
 
     Raises:
         ValueError: No config can be found (the message names the model and what to pass instead).
@@ -32,14 +32,20 @@ def model_config(spec: AgentSpec) -> tuple[dict[str, Any], str]:
     if spec.model in REFERENCE_CONFIGS and not spec.model.count("/"):
         return dict(REFERENCE_CONFIGS[spec.model]), "reference shape"
     source = resolve_model_source(spec.model)
+    # Local files first, then the reference shape, and only then the hub: planning offline never waits on
+    # the hub's retries for a model whose shape is known.
+    try:
+        config = AutoConfig.from_pretrained(
+            source, trust_remote_code=spec.trust_remote_code, local_files_only=True
+        )
+        return config.to_dict(), source
+    except (OSError, ValueError):
+        if spec.model in REFERENCE_CONFIGS:
+            return dict(REFERENCE_CONFIGS[spec.model]), "reference shape (no local config.json)"
     try:
         config = AutoConfig.from_pretrained(source, trust_remote_code=spec.trust_remote_code)
         return config.to_dict(), source
     except (OSError, ValueError) as exc:
-        if spec.model in REFERENCE_CONFIGS:
-            return dict(
-                REFERENCE_CONFIGS[spec.model]
-            ), "reference shape (its config.json is not reachable here)"
         raise ValueError(
             f"model {spec.model!r}: no config.json reachable here ({exc}); pass a directory holding its "
             "config.json, or run where the hub or the model's cache is"
