@@ -13,14 +13,15 @@ phases as the trainer reports them (``time/*`` of `workbench.train.trainer.Train
 - other: the rest of the step (grading, advantages, batching, logging);
 - cpu: the CPU seconds the process used in the step, all threads (a check when the machine is loaded);
 
-then the update per trained token: the response tokens every learner trained on in a step (``cost/<agent>/
-trained_tokens``, own and shared rows), the update's microseconds per such token (its time summed over the
-timed steps over their tokens summed) and its tokens per second, so that HACPO's update, which trains on
-both agents' responses, is compared with GSPO's per token and not only per step; the generated tokens per
-second, the peak RSS of the process, the load average while each algorithm ran, and the ratios HACPO/GSPO
-and HACPO/GSPO×2 against the goals in ``GOALS``. The SmolLM2 config pairs SmolLM2-135M (LoRA) with
-Gemma-3-270M when its optional package is installed, else with the tiny BPE Llama (as the test suite does):
-say which in a report.
+then the update per trained token: the response tokens every learner trained on in a step, own and shared
+rows (``cost/<agent>/forwarded_tokens``: samples of advantage 0, which the update does not forward, are not
+counted; ``trained_tokens`` on a checkout without that key, where the update forwards every sample), the
+update's microseconds per such token (its time summed over the timed steps over their tokens summed) and its
+tokens per second, so that HACPO's update, which trains on both agents' responses, is compared with GSPO's
+per token and not only per step; the generated tokens per second, the peak RSS of the process, the load
+average while each algorithm ran, and the ratios HACPO/GSPO and HACPO/GSPO×2 against the goals in ``GOALS``.
+The SmolLM2 config pairs SmolLM2-135M (LoRA) with Gemma-3-270M when its optional package is installed, else
+with the tiny BPE Llama (as the test suite does): say which in a report.
 
 ``--code DIR ...`` runs the same workers on other checkouts of the package (each worker process imports
 ``workbench`` from DIR), interleaved with each other (every algorithm of every checkout, then again), and
@@ -99,7 +100,11 @@ def worker(config: str, algorithm: str, steps: int) -> dict:
             cpu = _cpu_s() - cpu
             totals = {  # cumulative over the run
                 "tokens": sum(metrics.get(f"cost/{n}/generated_tokens", 0.0) for n in names),
-                "trained": sum(metrics.get(f"cost/{n}/trained_tokens", 0.0) for n in names),
+                # the tokens its updates forwarded (every trained token where no key says otherwise)
+                "trained": sum(
+                    metrics.get(f"cost/{n}/forwarded_tokens", metrics.get(f"cost/{n}/trained_tokens", 0.0))
+                    for n in names
+                ),
             }
             if step == 0:  # warm-up: first-call allocations, lazy imports
                 before = totals
