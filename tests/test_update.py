@@ -89,11 +89,15 @@ def test_one_no_grad_pass_over_own_rows_only_and_self_ratio_exactly_one(pair, mo
 
     monkeypatch.setattr(update_module, "token_logprobs", counting)
     scores = score_own(learner, own, SETTINGS)
+    assert seen == {"no_grad_rows": len(own), "grad_rows": 0}  # the learner's no-grad pass: own rows once
     batch = build_learner_batch(learner, 0, own, cross, advantages_P_A_G, torch.tensor([1.0, 2.0]), scores)
     optimizer = torch.optim.AdamW(learner.trainable_parameters(), lr=1e-3)
+    seen["no_grad_rows"] = 0
     out = update_learner(learner, optimizer, batch, LossParams(), SETTINGS)
-    # the learner's no-grad pass saw its own rows once; every row was trained once; cross rows never no-grad
-    assert seen == {"no_grad_rows": len(own), "grad_rows": len(own) + len(cross)}
+    # every own row trained once; the shared rows probed once without gradient (clipped ones need no
+    # backward pass), the others trained once
+    clipped = int((out.clipped_B[len(own) :] == 1).sum())
+    assert seen == {"no_grad_rows": len(cross), "grad_rows": len(own) + len(cross) - clipped}
     # its sums are what it shares: its log-likelihood of each own response, whatever the micro-batches
     reference = [dataclasses.replace(r) for r in own]
     score_own(
@@ -400,3 +404,33 @@ def test_the_update_does_not_depend_on_the_micro_batches(pair, char_agent_dir):
     for micro in ({"micro_batch_size": 1}, {"micro_batch_size": 4}, {"micro_batch_tokens": 40}):
         settings = dataclasses.replace(SETTINGS, **({"micro_batch_size": 12} | micro))
         _assert_same_update(_weights_after(char_agent_dir, own, cross, advantages_P_A_G, settings), whole)
+
+
+def test_clipped_shared_rows_get_no_backward_pass_and_change_nothing(pair, char_agent_dir, monkeypatch):
+    """A no-grad pass finds the shared rows whose ratio lies outside its bounds (their loss term is constant)
+    and only the others are trained: the same update, losses and statistics as training every row
+    (tolerance: weights 1e-5 relative, ratios 1e-5)."""
+    _, own, cross, advantages_P_A_G = pair
+    trained: list[int] = []
+    real = update_module._Step.backward
+    monkeypatch.setattr(
+        update_module._Step, "backward", lambda self, rows: trained.extend(rows) or real(self, rows)
+    )
+    probing = _weights_after(char_agent_dir, own, cross, advantages_P_A_G, SETTINGS)
+    clipped_B = probing[1].clipped_B == 1
+    assert clipped_B[len(own) :].any() and not clipped_B[: len(own)].any()  # some shared rows are clipped
+    assert sorted(trained) == [r for r in range(len(own) + len(cross)) if not clipped_B[r] or r < len(own)]
+    monkeypatch.setattr(update_module._Probes, "worth_it", lambda self: False)
+    everything = _weights_after(char_agent_dir, own, cross, advantages_P_A_G, SETTINGS)
+    _assert_same_update(probing, everything)
+    for name in ("ratio_B", "lower_B", "upper_B", "clipped_B", "minibatch_B"):
+        torch.testing.assert_close(getattr(probing[1], name), getattr(everything[1], name), atol=1e-5, rtol=0)
+
+
+def test_probing_stops_when_it_does_not_pay():
+    probes = update_module._Probes()
+    assert probes.worth_it()  # the first micro-batch with shared rows is probed
+    probes.count(10, 4)
+    assert probes.worth_it()  # 40% clipped: a no-grad pass (about 35% of a forward and backward) pays
+    probes.count(10, 2)
+    assert not probes.worth_it()  # 30%: no longer

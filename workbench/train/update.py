@@ -1,21 +1,30 @@
 """One learner's mini-batch updates (Algorithm 1, lines 16-17), its one no-grad pass, and their metrics.
 
-`score_self` is the learner's no-grad pass of a step: over its own rollouts, before any update, in the
-update's micro-batches. It gives the old log-likelihoods the author shares and the learner's own old (and KL
-reference) log-probs, stored per row of its batch; cross samples need no pass of the learner, since their old
-log-prob is the source's (Eq. 11). The symmetric Naive (``hacpo.naive_symmetric``) is the one exception: its
-learner scores the shared rows too, at the start of its update, and takes them as its own old policy.
+`score_self` is the learner's no-grad pass of a step: over its own rollouts, before any update, in
+micro-batches of the update's sizes. It gives the old log-likelihoods the author shares and the learner's own
+old (and KL reference) log-probs, stored per row of its batch; cross samples need no pass of the learner,
+since their old log-prob is the source's (Eq. 11). The symmetric Naive (``hacpo.naive_symmetric``) is the one
+exception: its learner scores the shared rows too, at the start of its update, and takes them as its own old
+policy. In mini-batch 0, before the learner's first optimizer step, the rows it scored take its current
+log-probs as their old ones (`workbench.train.batches.LearnerBatch.policy_batch`): s = 1 exactly there.
 
 `update_learner` is the mini-batch loop: for each mini-batch (one optimizer step; mini-batch m gets the
-stepwise bound of m, Eq. 14), for each micro-batch (gradient accumulation, a memory knob only): the learner's
-log-probs, the loss, backward; then clip and step. Every registered policy loss is called the same way,
-``loss(PolicyBatch, LossParams)``, so the loop never branches on the method; the per-sample `SampleStats`
-it returns are aggregated once, by `learner_metrics`.
+stepwise bound of m, Eq. 14), for each micro-batch (gradient accumulation of own and shared rows together, a
+memory knob only): the learner's log-probs, the loss, backward; then clip and step. Every registered policy
+loss is called the same way, ``loss(PolicyBatch, LossParams)``, so the loop never branches on the method; the
+per-sample `SampleStats` it returns are aggregated once, by `learner_metrics`.
+
+Rows whose loss term is a constant get no backward pass; the loss, its mean over the mini-batch's rows and
+its gradient are those of training every row: rows of advantage 0 are not forwarded at all (the plan,
+`workbench.train.batches.LearnerBatch.plan`), and a no-grad pass over a micro-batch's shared rows finds those
+whose ratio clipping leaves without gradient (`_clipped_rows`; between heterogeneous agents most shared ratios
+fall outside [lb_m, 1]), as long as enough of them do to pay for that pass (`PROBE_BREAK_EVEN`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -225,26 +234,25 @@ def update_learner(
     loss_fn = losses.get_policy_loss(settings.loss)
     plan = _plan(batch, settings)
     out = LearnerUpdate.empty(len(batch), n_updates=len(plan))
+    probes = _Probes()
     for m, minibatch in enumerate(plan):
         optimizer.zero_grad(set_to_none=True)
-        minibatch_loss = 0.0
+        minibatch_loss, backward = 0.0, False
+        step = _Step(agent, batch, loss_fn, params, settings, out, m, minibatch.size, where)
         for rows in minibatch.micro_batches:
-            # One forward and backward per micro-batch; a checkpointed backward recomputes packed layers.
-            with packed_attention(agent.model) if supports_packing(agent.model) else contextlib.nullcontext():
-                view = batch.tokens.select(rows)
-                logp_B_T, mask_B_T = token_logprobs(agent, view, temperature=settings.temperature)
-                # HACPO: mini-batch m clips cross ratios to the stepwise bound of m (Eq. 14).
-                policy_batch = batch.policy_batch(rows, view, logp_B_T, mask_B_T, m)
-                loss, stats = loss_fn(policy_batch, params)
-                total = loss + settings.kl_coef * _kl(batch, rows, view, policy_batch, out)
-                if not torch.isfinite(total):
-                    raise TrainingError(f"non-finite loss {total.item()} at {where}, mini-batch {m}")
-                # The loss is a mean over the mini-batch's rows, those not forwarded included.
-                (total * len(rows) / minibatch.size).backward()
-            minibatch_loss += loss.item() * len(rows) / minibatch.size
-            out.record(rows, m, stats)
+            shared = [r for r in rows if batch.old_logp_T[r] is None]  # old policy: another agent's
+            if shared and probes.worth_it():
+                clipped, clipped_loss = _clipped_rows(agent, batch, shared, m, loss_fn, params, settings, out)
+                if not math.isfinite(clipped_loss):
+                    raise TrainingError(f"non-finite loss {clipped_loss} at {where}, mini-batch {m}")
+                probes.count(len(shared), len(clipped))
+                minibatch_loss += clipped_loss / minibatch.size
+                rows = [r for r in rows if r not in set(clipped)]
+            if rows:
+                minibatch_loss += step.backward(rows)
+                backward = True
         out.losses.append(minibatch_loss)
-        if not minibatch.micro_batches:  # nothing to forward: the step sees zero gradients, as it would
+        if not backward:  # no row with a gradient: the step sees zero gradients, as it would
             for p in agent.trainable_parameters():
                 p.grad = torch.zeros_like(p)
         out.grad_norms.append(
@@ -252,6 +260,94 @@ def update_learner(
         )
         optimizer.step()
     return out
+
+
+@dataclass(frozen=True)
+class _Step:
+    """What a micro-batch's forward and backward in mini-batch ``m`` (of ``size`` rows) needs."""
+
+    agent: Agent
+    batch: LearnerBatch
+    loss_fn: losses.PolicyLoss
+    params: LossParams
+    settings: UpdateSettings
+    out: LearnerUpdate
+    m: int
+    size: int
+    where: str
+
+    def backward(self, rows: list[int]) -> float:
+        """Forward and backward of ``rows``; records their statistics and returns their share of the
+        mini-batch's policy loss."""
+        agent, batch, m = self.agent, self.batch, self.m
+        # A checkpointed backward pass recomputes packed layers: the packed block holds it too.
+        with packed_attention(agent.model) if supports_packing(agent.model) else contextlib.nullcontext():
+            view = batch.tokens.select(rows)
+            logp_B_T, mask_B_T = token_logprobs(agent, view, temperature=self.settings.temperature)
+            # HACPO: mini-batch m clips cross ratios to the stepwise bound of m (Eq. 14).
+            policy_batch = batch.policy_batch(rows, view, logp_B_T, mask_B_T, m)
+            loss, stats = self.loss_fn(policy_batch, self.params)
+            total = loss + self.settings.kl_coef * _kl(batch, rows, view, policy_batch, self.out)
+            if not torch.isfinite(total):
+                raise TrainingError(f"non-finite loss {total.item()} at {self.where}, mini-batch {m}")
+            # The loss is a mean over the mini-batch's rows, those not forwarded included.
+            (total * len(rows) / self.size).backward()
+        self.out.record(rows, m, stats)
+        return loss.item() * len(rows) / self.size
+
+
+PROBE_BREAK_EVEN = 0.35
+"""A no-grad forward costs about 0.35 of a forward and backward (the quickstart's agents on CPU): probing
+shared rows for clipped ones pays while at least this share of the probed rows turn out clipped."""
+
+
+@dataclass
+class _Probes:
+    """Shared rows probed and found clipped so far in one learner's update (probing goes on while it pays)."""
+
+    probed: int = 0
+    clipped: int = 0
+
+    def worth_it(self) -> bool:
+        return self.probed == 0 or self.clipped >= PROBE_BREAK_EVEN * self.probed
+
+    def count(self, probed: int, clipped: int) -> None:
+        self.probed, self.clipped = self.probed + probed, self.clipped + clipped
+
+
+@torch.no_grad()
+def _clipped_rows(
+    agent: Agent,
+    batch: LearnerBatch,
+    rows: list[int],
+    m: int,
+    loss_fn: losses.PolicyLoss,
+    params: LossParams,
+    settings: UpdateSettings,
+    out: LearnerUpdate,
+) -> tuple[list[int], float]:
+    """The rows whose loss term clipping leaves without gradient (``SampleStats.clipped_B`` = 1: a shared
+    ratio outside its bounds, Eqs. 13-14, or GSPO's clipped branch), found by a no-grad pass in mini-batch
+    ``m``; they need no backward pass. Records their statistics; returns them and the sum of their (constant)
+    loss terms, which the mini-batch's loss still holds."""
+    view = batch.tokens.select(rows)
+    logp_B_T, mask_B_T = token_logprobs(agent, view, temperature=settings.temperature)
+    policy_batch = batch.policy_batch(rows, view, logp_B_T, mask_B_T, m)
+    _, stats = loss_fn(policy_batch, params)
+    clipped_B = stats.clipped_B == 1
+    if not clipped_B.any():
+        return [], 0.0
+    # Every loss term is its row's advantage times a factor: the clipped rows' terms are the loss of the
+    # micro-batch with every other advantage set to 0.
+    alone = dataclasses.replace(policy_batch, advantages_B=policy_batch.advantages_B * clipped_B)
+    loss, _ = loss_fn(alone, params)
+    clipped = [r for r, c in zip(rows, clipped_B.tolist()) if c]
+    out.record(
+        clipped,
+        m,
+        losses.SampleStats(*(getattr(stats, f.name)[clipped_B] for f in dataclasses.fields(stats))),
+    )
+    return clipped, loss.item() * len(rows)
 
 
 def _kl(
