@@ -78,6 +78,12 @@ def write_run(
                 for source in agents:
                     if in_range is not None and source != a:
                         metrics[f"is/{a}/{source}/in_range_frac"] = in_range + 0.01 * (step - 2) + 0.1 * i
+                        for m in (0, 1):  # per mini-batch index: m = 1 has 0.1 less in band
+                            metrics[f"is_mb/{a}/{source}/{m}/ratio_mean"] = 0.9 - 0.05 * m + 0.01 * seed
+                            metrics[f"is_mb/{a}/{source}/{m}/in_range_frac"] = in_range - 0.1 * m
+                    elif in_range is not None:
+                        metrics[f"is_mb/{a}/{a}/0/ratio_mean"] = 1.0
+                        metrics[f"is_mb/{a}/{a}/0/clip_frac"] = 0.25
         if step in (0, steps):
             accs = initial if step == 0 else final
             metrics |= {f"eval/acc/{a}": v for a, v in zip(agents, accs)}

@@ -9,13 +9,10 @@ import pytest
 from workbench.agents.shipped import MANIFEST, ZOO_ROOT, ShippedError, manifest, shipped_card, shipped_dir
 from workbench.agents.zoo import TINY_PRESETS, greedy_accuracy
 
-CARD_KEYS = {
-    "initial_greedy_accuracy",
-    "eval_problems",
-    "warm_steps",
-    "build_seconds",
-    "built_on",
-    "parameters",
+CARD_KEYS = {"initial_greedy_accuracy", "eval_problems", "build_seconds", "built_on"}
+KIND_CARD_KEYS = {
+    "tiny": {"warm_steps", "parameters"},
+    "warm": {"base", "steps", "lr", "trainable_parameters", "lora"},
 }
 
 
@@ -27,7 +24,7 @@ def test_manifest_lists_every_tiny_preset_and_matches_its_files():
         folder = shipped_dir(kind, name)  # raises on any size or sha256 mismatch
         assert folder == ZOO_ROOT / kind / name
         assert sorted(p.name for p in folder.iterdir()) == sorted(entry["files"]), key
-        assert set(entry["card"]) >= CARD_KEYS, key
+        assert set(entry["card"]) >= CARD_KEYS | KIND_CARD_KEYS[kind], key
         assert {"model", "simd"} <= set(entry["card"]["built_on"]["cpu"])
 
 

@@ -41,7 +41,8 @@ def test_comparison_csv_has_means_stds_cost_and_time(results):
     _, out, files = results
     assert [f.name for f in files] == [
         "comparison.csv", "per_seed.csv", "items.csv.gz", "verdicts.csv", "excluded.csv",
-        "tokens_vs_bytes.csv", "curves.csv", "curves_model.svg", "comparison.md",
+        "tokens_vs_bytes.csv", "ratios_by_minibatch.csv", "curves.csv", "curves_model.svg",
+        "comparison.md",
     ]  # fmt: skip
     table = pd.read_csv(out / "comparison.csv").set_index(["method", "agent"])
     hacpo = table.loc[("hacpo", "a")]
@@ -95,6 +96,24 @@ def test_tokens_vs_bytes_in_band_fraction_per_learner(results):
     assert rows.loc[("bytes", "a"), "source"] == "b" and rows.loc[("bytes", "a"), "n"] == 3
     assert rows.loc[("tokens", "a"), "greedy_mean"] == pytest.approx(0.51)
     assert len(pd.read_csv(out / "tokens_vs_bytes.csv")) == 4
+
+
+def test_ratios_per_minibatch_index_table_6_shape(results):
+    """ratios_by_minibatch.csv: per direction and m, the run means (over steps) averaged over seeds; a self
+    row's in-band share is 1 − its clip share."""
+    _, out, _ = results
+    table = pd.read_csv(out / "ratios_by_minibatch.csv")
+    rows = table.set_index(["method", "learner", "source", "minibatch"])
+    cross = rows.loc[("hacpo-bytes", "a", "b")]
+    assert list(cross.index) == [0, 1] and (cross["n"] == 3).all()
+    assert cross.loc[0, "ratio_mean"] == pytest.approx(0.91) and cross.loc[1, "ratio_mean"] == pytest.approx(
+        0.86
+    )
+    assert cross.loc[0, "ratio_std"] == pytest.approx(0.01)  # seeds 0, 1, 2 add 0.00, 0.01, 0.02
+    assert cross.loc[1, "in_band_mean"] == pytest.approx(0.7)
+    assert rows.loc[("hacpo-bytes", "a", "a", 0), "in_band_mean"] == pytest.approx(0.75)
+    text = (out / "comparison.md").read_text()
+    assert "**Importance ratios per mini-batch**" in text and "| a ← b | 0.910 / 80% | 0.860 / 70% |" in text
 
 
 def test_markdown_section_and_readme_markers(results, tmp_path):

@@ -19,7 +19,7 @@ from workbench.agents.loading import load_agent
 from workbench.config.experiment import ConfigError, from_dict
 from workbench.config.loading import load_experiment
 from workbench.core import losses
-from workbench.lab.frames import load_runs
+from workbench.lab.frames import load_runs, melt_metric
 from workbench.train.checkpoint import list_checkpoints, load_latest_checkpoint
 from workbench.train.run import fit, train
 from workbench.train.trainer import Trainer, TrainingError
@@ -314,18 +314,21 @@ def test_symmetric_naive_trains_shared_samples_against_the_learners_own_policy(t
 
 
 def test_ratio_statistics_per_minibatch_index(tmp_path, mixed_rewards):
-    """Table 6 per mini-batch: every source's ratio mean and clip/in-range share under is/<l>/<s>/m<m>/, at
-    indices of the step's updates."""
+    """Table 6 per mini-batch: every source's ratio mean and clip/in-range share under is_mb/<l>/<s>/<m>/, at
+    indices of the step's updates; the is/ family keeps its (learner, source, stat) shape."""
     run_dir = train(_config(tmp_path, train={**TINY["train"], "steps": 1, "eval_every": 0}))
     row = load_runs([run_dir]).iloc[-1]
     updates = int(row["cost/gpt2-char/updates"])  # 2 agents x 4 prompts / 2 per mini-batch = 4
     assert updates == 4
     for learner, source in (("gpt2-char", "llama-bpe"), ("llama-bpe", "gpt2-char")):
-        prefix = f"is/{learner}/{source}"
+        prefix = f"is_mb/{learner}/{source}"
         ms = sorted(
-            {int(k.split("/")[3][1:]) for k in row.index if k.startswith(f"{prefix}/m") and pd.notna(row[k])}
+            {int(k.split("/")[3]) for k in row.index if k.startswith(f"{prefix}/") and pd.notna(row[k])}
         )
         assert ms and set(ms) <= set(range(updates))  # cross rows sit in the later mini-batches (self first)
-        assert all(0.0 <= row[f"{prefix}/m{m}/in_range_frac"] <= 1.0 for m in ms)
-        assert all(pd.notna(row[f"{prefix}/m{m}/ratio_mean"]) for m in ms)
-        assert f"is/{learner}/{learner}/m0/clip_frac" in row.index
+        assert all(0.0 <= row[f"{prefix}/{m}/in_range_frac"] <= 1.0 for m in ms)
+        assert all(pd.notna(row[f"{prefix}/{m}/ratio_mean"]) for m in ms)
+        assert f"is_mb/{learner}/{learner}/0/clip_frac" in row.index
+    df = load_runs([run_dir])
+    assert set(melt_metric(df, "is").columns) >= {"learner", "source", "stat"}
+    assert set(melt_metric(df, "is_mb").columns) >= {"learner", "source", "minibatch", "stat"}

@@ -41,6 +41,7 @@ _KEY_SCHEMES: dict[str, tuple[str, ...]] = {
     "capability": ("agent",),
     "omega": ("learner", "source"),
     "is": ("learner", "source", "stat"),
+    "is_mb": ("learner", "source", "minibatch", "stat"),
     "cost": ("agent", "stat"),
     "loss": ("learner",),
     "kl": ("learner",),

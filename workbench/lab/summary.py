@@ -13,6 +13,8 @@
   other tables can be recomputed from it);
 - ``items.csv.gz``, one row per run × agent × held-out item at the run's final evaluation: greedy
   correctness and correct samples out of k (what the paired verdicts are computed from, `recompute_verdicts`);
+- ``ratios_by_minibatch.csv``: mean sequence ratio and in-band share per direction and mini-batch index m
+  (`workbench.lab.tables.ratio_by_minibatch`);
 - ``tokens_vs_bytes.csv`` (when ``hacpo-bytes`` runs exist), per pair × normalization × learner: in-band
   fraction of cross samples and final accuracy;
 - ``excluded.csv``: runs left out and why;
@@ -46,6 +48,7 @@ from workbench.lab.frames import load_evals, load_runs, select_runs
 from workbench.lab.items import final_items, load_eval_items, read_items_csv
 from workbench.lab.provenance import read_environment, start_weights
 from workbench.lab.stats import aggregate, combine, final_and_initial, format_cell
+from workbench.lab.tables import ratio_by_minibatch, ratio_by_minibatch_markdown
 from workbench.lab.verdicts import verdict_line, verdicts
 
 __all__ = [
@@ -243,12 +246,13 @@ def write_summary(run_dirs: Iterable[Path | str] | Path | str, out_dir: str | Pa
         "verdicts.csv": verdicts(table, per_seed, items),
         "excluded.csv": selection.excluded,
         "tokens_vs_bytes.csv": tokens_vs_bytes(selection.runs),
+        "ratios_by_minibatch.csv": ratio_by_minibatch(runs),
     }
     written = []
     out_dir.mkdir(parents=True, exist_ok=True)
     for name, frame in files.items():
         path = out_dir / name
-        if name in ("tokens_vs_bytes.csv", "items.csv.gz") and frame.empty:
+        if name in ("tokens_vs_bytes.csv", "items.csv.gz", "ratios_by_minibatch.csv") and frame.empty:
             path.unlink(missing_ok=True)  # no such runs this time: no stale file either
             continue
         text = frame.round(6).to_csv(index=False)
@@ -353,6 +357,10 @@ def render_results_section(summary_dir: str | Path, link_from: str | Path | None
                 f"{format_cell(r['in_band_mean'], r['in_band_std'], n)} | "
                 f"{format_cell(r.get('greedy_mean', math.nan), r.get('greedy_std', math.nan), n)} | {n} |"
             )
+    by_minibatch = _read_optional(summary_dir / "ratios_by_minibatch.csv")
+    if len(by_minibatch):
+        lines += ["", "**Importance ratios per mini-batch** (the paper's Table 6, per mini-batch index m)"]
+        lines += ratio_by_minibatch_markdown(by_minibatch[by_minibatch["method"] != "gspo"])
     excluded = _read_optional(summary_dir / "excluded.csv")
     lines += ["", f"Excluded runs: {len(excluded) if len(excluded) else 'none'}."]
     for _, r in excluded.iterrows():

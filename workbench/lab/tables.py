@@ -4,6 +4,7 @@
   row first, columns = benchmarks + AVG); also Tables 2-3 when given a method subset.
 - :func:`alpha_table`: Table 4 (one score per agent and α).
 - :func:`ratio_stats_table`: Table 6 (per-step averages of the self and cross importance-ratio stats).
+- :func:`ratio_by_minibatch`: Table 6 per mini-batch index m: mean ratio and in-band share of each direction.
 - ``workbench.lab.latex.to_latex``: booktabs LaTeX (``0.512 ± 0.013``, n in the caption or a column) with the
   best mean per column (within each agent block) in bold, and the same table as CSV; both written atomically.
 
@@ -28,7 +29,14 @@ import yaml
 from workbench.config.methods import method_label, method_sort_key
 from workbench.lab.stats import aggregate, binomial_se, stat_table
 
-__all__ = ["alpha_table", "as_long", "paper_table", "ratio_stats_table"]
+__all__ = [
+    "alpha_table",
+    "as_long",
+    "paper_table",
+    "ratio_by_minibatch",
+    "ratio_by_minibatch_markdown",
+    "ratio_stats_table",
+]
 
 EVAL_COLUMNS = ("run", "algorithm", "step", "agent", "benchmark", "metric", "value")
 
@@ -321,3 +329,78 @@ def ratio_stats_table(runs_df: pd.DataFrame, *, run: str | None = None, decimals
         column_order=list(_RATIO_STATS),
         decimals=decimals,
     )
+
+
+def ratio_by_minibatch(runs_df: pd.DataFrame) -> pd.DataFrame:
+    """Per direction (learner ← source) and mini-batch index m: the mean sequence ratio and the share of
+    samples inside the clip band (cross: [lb_m, 1]; self: GSPO's band, as 1 − its clip share).
+
+    Each run's value is its average over steps of the per-step statistic (``is_mb/<learner>/<source>/<m>/*``,
+    `workbench.train.update.learner_metrics`), then mean ± std over the runs of each experiment and method.
+
+    Returns:
+        Columns ``experiment, method, learner, source, minibatch, ratio_mean, ratio_std, in_band_mean,
+        in_band_std, n``; empty when no run logged per-mini-batch statistics.
+    """
+    columns = ["experiment", "method", "learner", "source", "minibatch", "ratio_mean", "ratio_std"]
+    columns += ["in_band_mean", "in_band_std", "n"]
+    keys = [c for c in runs_df.columns if isinstance(c, str) and c.startswith("is_mb/")]
+    if not keys:
+        return pd.DataFrame(columns=columns)
+    long = runs_df.melt(id_vars=["experiment", "algorithm", "run_dir"], value_vars=keys).dropna(
+        subset=["value"]
+    )
+    parts = long["variable"].str.split("/", expand=True)
+    long = long.assign(learner=parts[1], source=parts[2], minibatch=parts[3].astype(int), stat=parts[4])
+    clipped = long["stat"] == "clip_frac"
+    long.loc[clipped, "value"] = 1.0 - long.loc[clipped, "value"]
+    long["stat"] = long["stat"].replace(
+        {"clip_frac": "in_band", "in_range_frac": "in_band", "ratio_mean": "ratio"}
+    )
+    by = ["experiment", "algorithm", "learner", "source", "minibatch", "stat"]
+    per_run = long.groupby([*by, "run_dir"], sort=False)["value"].mean().reset_index()
+    agg = aggregate(per_run, by, se=None).pivot_table(
+        index=by[:-1], columns="stat", values=["mean", "std", "n"], sort=False
+    )
+    out = pd.DataFrame(
+        {
+            "ratio_mean": agg[("mean", "ratio")],
+            "ratio_std": agg[("std", "ratio")],
+            "in_band_mean": agg[("mean", "in_band")],
+            "in_band_std": agg[("std", "in_band")],
+            "n": agg[("n", "ratio")].astype("int64"),
+        }
+    ).reset_index()
+    out = out.rename(columns={"algorithm": "method"})
+    out["self"] = out["learner"] == out["source"]
+    order = sorted(
+        range(len(out)),
+        key=lambda i: (
+            out["experiment"].iat[i], method_sort_key(out["method"].iat[i]), out["learner"].iat[i],
+            bool(not out["self"].iat[i]), out["source"].iat[i], int(out["minibatch"].iat[i]),
+        ),
+    )  # fmt: skip
+    return out.iloc[order].drop(columns="self").reset_index(drop=True)[columns]
+
+
+def ratio_by_minibatch_markdown(table: pd.DataFrame) -> list[str]:
+    """Markdown lines of `ratio_by_minibatch`: per experiment and method, one row per direction
+    (``learner ← source``) and one column per mini-batch index m, cells ``mean ratio / in-band share``."""
+    lines: list[str] = []
+    for (exp, method), group in table.groupby(["experiment", "method"], sort=False):
+        ms = sorted(group["minibatch"].unique())
+        lines += [
+            "",
+            f"{exp}, {method_label(method)}: mean sequence ratio / share inside the clip band, per "
+            f"mini-batch index m (mean over steps and {int(group['n'].max())} seeds):",
+            "",
+            "| learner ← source | " + " | ".join(f"m = {m}" for m in ms) + " |",
+            "|---|" + "---|" * len(ms),
+        ]
+        for (learner, source), rows in group.groupby(["learner", "source"], sort=False):
+            cells = {
+                int(r.minibatch): f"{r.ratio_mean:.3f} / {r.in_band_mean:.0%}" for r in rows.itertuples()
+            }
+            label = f"{learner} (self)" if learner == source else f"{learner} ← {source}"
+            lines.append(f"| {label} | " + " | ".join(cells.get(int(m), "") for m in ms) + " |")
+    return lines

@@ -382,7 +382,7 @@ def learner_metrics(
     sample of the update, ``forwarded_tokens`` the response tokens forwarded. With ``skipping``
     (``skip_uniform_groups``) only the kept samples count and ``adv/<learner>/kept_frac`` is their share.
     The same ratio mean and clip (or in-range) share per mini-batch index m, under
-    ``is/<learner>/<source>/m<m>/``, give the paper's Table 6 per mini-batch: cross ratios meet a tighter
+    ``is_mb/<learner>/<source>/<m>/``, give the paper's Table 6 per mini-batch: cross ratios meet a tighter
     bound in each later mini-batch (Eq. 14).
     """
     kept_B = ~update.ratio_B.isnan()  # forwarded: rows of advantage 0 have no ratio
@@ -418,8 +418,9 @@ def learner_metrics(
         for m in sorted({int(m) for m in update.minibatch_B[sel].tolist()}):
             in_m = sel & (update.minibatch_B == m)
             clipped_m = update.clipped_B[in_m].mean().item()
-            metrics[f"{prefix}/m{m}/ratio_mean"] = update.ratio_B[in_m].mean().item()
-            metrics[f"{prefix}/m{m}/{'clip_frac' if a == batch.learner else 'in_range_frac'}"] = (
+            per_m = f"is_mb/{name}/{source}/{m}"
+            metrics[f"{per_m}/ratio_mean"] = update.ratio_B[in_m].mean().item()
+            metrics[f"{per_m}/{'clip_frac' if a == batch.learner else 'in_range_frac'}"] = (
                 clipped_m if a == batch.learner else 1.0 - clipped_m
             )
     return metrics
