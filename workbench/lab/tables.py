@@ -359,9 +359,9 @@ def ratio_by_minibatch(runs_df: pd.DataFrame) -> pd.DataFrame:
     )
     by = ["experiment", "algorithm", "learner", "source", "minibatch", "stat"]
     per_run = long.groupby([*by, "run_dir"], sort=False)["value"].mean().reset_index()
-    agg = aggregate(per_run, by, se=None).pivot_table(
-        index=by[:-1], columns="stat", values=["mean", "std", "n"], sort=False
-    )
+    # unstack, not pivot_table: with one seed every std is NaN and its column must stay
+    agg = aggregate(per_run, by, se=None).set_index(by)[["mean", "std", "n"]].unstack("stat")
+    agg = agg.dropna(subset=[("n", "ratio")])
     out = pd.DataFrame(
         {
             "ratio_mean": agg[("mean", "ratio")],
