@@ -1,4 +1,4 @@
-"""Benchmark: HACPO vs GSPO vs GSPO×2 per phase, side by side in one run (not a test).
+"""Benchmark: HACPO vs GSPO vs GSPO×2 per phase and per trained token, side by side in one run (not a test).
 
 For each config (the quickstart's tiny pair and the SmolLM2 config), each algorithm trains in its own process
 (so each has its own peak RSS) for one warm-up step and then ``--steps`` timed steps, ``--reps`` times, the
@@ -9,16 +9,26 @@ phases as the trainer reports them (``time/*`` of `workbench.train.trainer.Train
 - generate: sampling every agent's rollouts (`workbench.agents.rollout.generate`);
 - score: the no-grad log-prob passes before the update (old policy, KL reference), where the trainer times
   them apart; else they are inside generate/update;
-- update: every learner's forward/backward and optimizer steps;
+- update: every learner's batch building, forward/backward and optimizer steps;
 - other: the rest of the step (grading, advantages, batching, logging);
 - cpu: the CPU seconds the process used in the step, all threads (a check when the machine is loaded);
 
-the generated tokens per second, the peak RSS of the process, and the ratios HACPO/GSPO and HACPO/GSPO×2
-against the step-time goals in ``GOALS``. The SmolLM2 config pairs SmolLM2-135M (LoRA) with Gemma-3-270M
-when its optional package is installed, else with the tiny BPE Llama (as the test suite does): say which in
-a report.
+then the update per trained token: the response tokens every learner trained on in a step, own and shared
+rows (``cost/<agent>/forwarded_tokens``: samples of advantage 0, which the update does not forward, are not
+counted; ``trained_tokens`` on a checkout without that key, where the update forwards every sample), the
+update's microseconds per such token (its time summed over the timed steps over their tokens summed) and its
+tokens per second, so that HACPO's update, which trains on both agents' responses, is compared with GSPO's
+per token and not only per step; the generated tokens per second, the peak RSS of the process, the load
+average while each algorithm ran, and the ratios HACPO/GSPO and HACPO/GSPO×2 against the goals in ``GOALS``.
+The SmolLM2 config pairs SmolLM2-135M (LoRA) with Gemma-3-270M when its optional package is installed, else
+with the tiny BPE Llama (as the test suite does): say which in a report.
 
-    .venv/bin/python bench/bench_trainer.py [--steps 3] [--reps 2] [--only quickstart|smollm2]
+``--code DIR ...`` runs the same workers on other checkouts of the package (each worker process imports
+``workbench`` from DIR), interleaved with each other (every algorithm of every checkout, then again), and
+prints one table per checkout and the ratios of each to the first: a before/after comparison in one run.
+The run order alternates checkouts within each algorithm and algorithms within each repetition.
+
+    .venv/bin/python bench/bench_trainer.py [--steps 3] [--reps 2] [--only quickstart|smollm2] [--code A B]
 """
 
 from __future__ import annotations
@@ -33,16 +43,19 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+ROOT = Path(__file__).resolve().parents[1]
 ALGORITHMS = ("hacpo", "gspo", "gspo_x2")
 PHASES = ("step", "generate", "score", "update", "other", "cpu")
-GOALS = {  # (config, numerator, denominator) -> the ratio of step times to stay under
-    ("quickstart", "hacpo", "gspo_x2"): 0.75,
-    ("quickstart", "hacpo", "gspo"): 1.4,
-    ("smollm2", "hacpo", "gspo_x2"): 0.6,
+GOALS = {  # (config, numerator, denominator, what) -> the ratio to stay under
+    ("quickstart", "hacpo", "gspo_x2", "step"): 0.7,
+    ("quickstart", "hacpo", "gspo", "step"): 1.4,
+    ("quickstart", "hacpo", "gspo", "update per token"): 1.1,
+    ("smollm2", "hacpo", "gspo_x2", "step"): 0.6,
 }
 
 
@@ -74,20 +87,27 @@ def worker(config: str, algorithm: str, steps: int) -> dict:
 
     path, overrides = _configs()[config]
     with tempfile.TemporaryDirectory() as root:
-        cfg = load_experiment(path, {**overrides, "algorithm": algorithm, "output.root": root})
+        cfg = load_experiment(ROOT / path, {**overrides, "algorithm": algorithm, "output.root": root})
         run_dir = create_run_dir(root, cfg.experiment)
         RunWriter(run_dir).write_config(cfg.to_dict())
         trainer = Trainer(cfg, run_dir)
         names = [spec.display_name for spec in cfg.agents]
-        times: dict[str, list[float]] = {phase: [] for phase in PHASES} | {"tokens": []}
-        tokens_before = 0.0
+        times: dict[str, list[float]] = {phase: [] for phase in PHASES} | {"tokens": [], "trained": []}
+        before = {"tokens": 0.0, "trained": 0.0}
         for step in range(steps + 1):
             cpu = _cpu_s()
             metrics = trainer.train_step()
             cpu = _cpu_s() - cpu
-            tokens = sum(metrics.get(f"cost/{n}/generated_tokens", 0.0) for n in names)  # cumulative
+            totals = {  # cumulative over the run
+                "tokens": sum(metrics.get(f"cost/{n}/generated_tokens", 0.0) for n in names),
+                # the tokens its updates forwarded (every trained token where no key says otherwise)
+                "trained": sum(
+                    metrics.get(f"cost/{n}/forwarded_tokens", metrics.get(f"cost/{n}/trained_tokens", 0.0))
+                    for n in names
+                ),
+            }
             if step == 0:  # warm-up: first-call allocations, lazy imports
-                tokens_before = tokens
+                before = totals
                 continue
             generate = metrics.get("time/generate_s", metrics["time/rollout_s"])
             score = metrics.get("time/score_s", 0.0)
@@ -97,8 +117,9 @@ def worker(config: str, algorithm: str, steps: int) -> dict:
             times["update"].append(metrics["time/update_s"])
             times["other"].append(metrics["time/step_s"] - generate - score - metrics["time/update_s"])
             times["cpu"].append(cpu)
-            times["tokens"].append(tokens - tokens_before)
-            tokens_before = tokens
+            for key in totals:
+                times[key].append(totals[key] - before[key])
+            before = totals
         if hasattr(trainer, "close"):
             trainer.close()
     return {
@@ -109,39 +130,98 @@ def worker(config: str, algorithm: str, steps: int) -> dict:
     }
 
 
-def _run_worker(config: str, algorithm: str, steps: int) -> dict:
+def _run_worker(config: str, algorithm: str, steps: int, code: Path) -> dict:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(code), os.environ.get("PYTHONPATH", "")]))
+    load = os.getloadavg()[0]
     out = subprocess.run(
         [sys.executable, __file__, "--worker", config, algorithm, str(steps)],
         capture_output=True,
         text=True,
         check=False,
+        cwd=code,
+        env=env,
     )
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     if out.returncode != 0 or not lines:
-        raise RuntimeError(f"worker {config} {algorithm} failed:\n{out.stderr[-3000:]}")
-    return json.loads(lines[-1])
+        raise RuntimeError(f"worker {config} {algorithm} ({code}) failed:\n{out.stderr[-3000:]}")
+    result = json.loads(lines[-1])
+    result["load"] = [load, os.getloadavg()[0]]
+    return result
 
 
-def _report(config: str, results: dict[str, dict]) -> None:
-    med = {a: {p: statistics.median(r["times"][p]) for p in PHASES} for a, r in results.items()}
+def _merge(kept: dict | None, new: dict) -> dict:
+    if kept is None:
+        return new
+    for key, values in new["times"].items():
+        kept["times"][key] += values
+    kept["peak_rss_mb"] = max(kept["peak_rss_mb"], new["peak_rss_mb"])
+    kept["load"] += new["load"]
+    return kept
+
+
+def _summary(results: dict[str, dict]) -> dict[str, dict[str, float]]:
+    """Per algorithm: the median of every phase, trained tokens per step, the update per trained token."""
+    out = {}
+    for algorithm, r in results.items():
+        t = r["times"]
+        row = {phase: statistics.median(t[phase]) for phase in PHASES}
+        row["trained"] = statistics.median(t["trained"])
+        row["update_us_per_token"] = 1e6 * sum(t["update"]) / max(sum(t["trained"]), 1.0)
+        row["update_tokens_per_s"] = sum(t["trained"]) / max(sum(t["update"]), 1e-9)
+        row["gen_tokens_per_s"] = sum(t["tokens"]) / max(sum(t["generate"]), 1e-9)
+        row["peak_rss_mb"] = r["peak_rss_mb"]
+        row["load"] = statistics.median(r["load"])
+        out[algorithm] = row
+    return out
+
+
+def _report(config: str, label: str, results: dict[str, dict]) -> dict[str, dict[str, float]]:
+    med = _summary(results)
     steps = len(next(iter(results.values()))["times"]["step"])
-    print(f"\n{config}: agents {results['hacpo']['agents']}, medians over {steps} steps per algorithm (s)")
-    print(f"{'phase':<10}" + "".join(f"{a:>10}" for a in ALGORITHMS) + f"{'h/gspo':>9}{'h/gspo×2':>10}")
-    for phase in PHASES:
-        row = "".join(f"{med[a][phase]:>10.3f}" for a in ALGORITHMS)
-        h, g, g2 = (med[a][phase] for a in ALGORITHMS)
-        ratios = f"{h / g:>9.2f}{h / g2:>10.2f}" if g > 0 and g2 > 0 else f"{'':>9}{'':>10}"
-        print(f"{phase:<10}{row}{ratios}")
-    tok_s = {a: sum(r["times"]["tokens"]) / sum(r["times"]["generate"]) for a, r in results.items()}
-    print(f"{'gen tok/s':<10}" + "".join(f"{tok_s[a]:>10.0f}" for a in ALGORITHMS))
-    print(f"{'peak RSS':<10}" + "".join(f"{results[a]['peak_rss_mb']:>8.0f}MB" for a in ALGORITHMS))
+    print(f"\n{config}{label}: agents {results['hacpo']['agents']}, medians over {steps} steps per algorithm")
+    print(f"{'':<16}" + "".join(f"{a:>10}" for a in ALGORITHMS) + f"{'h/gspo':>9}{'h/gspo×2':>10}")
+    rows = [(f"{p} s", p, "{:.3f}") for p in PHASES] + [
+        ("trained tok", "trained", "{:.0f}"),
+        ("update µs/tok", "update_us_per_token", "{:.1f}"),
+        ("update tok/s", "update_tokens_per_s", "{:.0f}"),
+        ("gen tok/s", "gen_tokens_per_s", "{:.0f}"),
+        ("peak RSS MB", "peak_rss_mb", "{:.0f}"),
+        ("load average", "load", "{:.2f}"),
+    ]
+    for name, key, fmt in rows:
+        values = [med[a][key] for a in ALGORITHMS]
+        line = f"{name:<16}" + "".join(f"{fmt.format(v):>10}" for v in values)
+        h, g, g2 = values
+        if key not in ("peak_rss_mb", "load") and g > 0 and g2 > 0:
+            line += f"{h / g:>9.2f}{h / g2:>10.2f}"
+        print(line)
     if not results["hacpo"]["score_timed"]:
         print("(this trainer reports no time/score_s: scoring is counted inside generate and update)")
-    for (cfg, num, den), goal in GOALS.items():
-        if cfg == config:
+    for (cfg, num, den, what), goal in GOALS.items():
+        if cfg != config:
+            continue
+        if what == "step":
             ratio, cpu_ratio = med[num]["step"] / med[den]["step"], med[num]["cpu"] / med[den]["cpu"]
-            verdict = "met" if ratio <= goal else "MISSED"
-            print(f"goal {num}/{den} step <= {goal}: {ratio:.2f} {verdict} (CPU seconds: {cpu_ratio:.2f})")
+            extra = f" (CPU seconds: {cpu_ratio:.2f})"
+        else:
+            ratio, extra = med[num]["update_us_per_token"] / med[den]["update_us_per_token"], ""
+        verdict = "met" if ratio <= goal else "MISSED"
+        print(f"goal {num}/{den} {what} <= {goal}: {ratio:.2f} {verdict}{extra}")
+    return med
+
+
+def _compare(config: str, codes: list[Path], meds: list[dict[str, dict[str, float]]]) -> None:
+    """Each checkout's step, update, CPU seconds and update per token over the first checkout's."""
+    for code, med in zip(codes[1:], meds[1:]):
+        print(f"\n{config}: {code} / {codes[0]}")
+        print(f"{'':<16}" + "".join(f"{a:>10}" for a in ALGORITHMS))
+        for key, name in (
+            ("step", "step"),
+            ("update", "update"),
+            ("cpu", "cpu"),
+            ("update_us_per_token", "µs/token"),
+        ):
+            print(f"{name:<16}" + "".join(f"{med[a][key] / meds[0][a][key]:>10.2f}" for a in ALGORITHMS))
 
 
 def main() -> None:
@@ -149,28 +229,30 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3, help="timed steps per process (after one warm-up)")
     parser.add_argument("--reps", type=int, default=2, help="processes per algorithm, alternating")
     parser.add_argument("--only", choices=["quickstart", "smollm2"], help="one config only")
+    parser.add_argument("--code", nargs="+", type=Path, help="checkouts to compare (default: this one)")
     parser.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         config, algorithm, steps = args.worker
         print(json.dumps(worker(config, algorithm, int(steps))), flush=True)
         return
+    codes = [c.resolve() for c in args.code] if args.code else [ROOT]
     print(f"load average at start: {os.getloadavg()[0]:.2f} ({os.cpu_count()} cores)")
     for config in [args.only] if args.only else list(_configs()):
-        results: dict[str, dict] = {}
+        results: list[dict[str, dict]] = [{} for _ in codes]
         reps = args.reps if config == "quickstart" else max(1, args.reps // 2)
         t0 = time.perf_counter()
         for _ in range(reps):
             for algorithm in ALGORITHMS:
-                r = _run_worker(config, algorithm, args.steps)
-                if algorithm not in results:
-                    results[algorithm] = r
-                else:
-                    kept = results[algorithm]
-                    for key, values in r["times"].items():
-                        kept["times"][key] += values
-                    kept["peak_rss_mb"] = max(kept["peak_rss_mb"], r["peak_rss_mb"])
-        _report(config, results)
+                for i, code in enumerate(codes):
+                    r = _run_worker(config, algorithm, args.steps, code)
+                    results[i][algorithm] = _merge(results[i].get(algorithm), r)
+        meds = [
+            _report(config, f" ({code})" if len(codes) > 1 else "", result)
+            for code, result in zip(codes, results)
+        ]
+        if len(codes) > 1:
+            _compare(config, codes, meds)
         took = time.perf_counter() - t0
         print(f"({reps} process(es) per algorithm, {took:.0f} s; load average {os.getloadavg()[0]:.2f})")
 

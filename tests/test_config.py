@@ -85,6 +85,7 @@ def test_defaults_follow_the_paper():
         ({"train": {"adam_beta1": 1}}, r"train.adam_beta1 = 1.0 is not allowed: in \[0, 1\)"),
         ({"train": {"adam_beta2": -0.1}}, r"train.adam_beta2 = -0.1 is not allowed: in \[0, 1\)"),
         ({"train": {"skip_uniform_groups": 1}}, r"train.skip_uniform_groups: expected bool, got int 1"),
+        ({"train": {"micro_batch_tokens": 0}}, r"train.micro_batch_tokens = 0 is not allowed: >= 1 or null"),
         (
             {"hacpo": {"ratio_normalization": "chars"}},
             r"hacpo.ratio_normalization = 'chars' is not allowed: one of \('tokens', 'bytes'\)",

@@ -23,7 +23,7 @@ from workbench.config.agent_spec import AgentSpec
 from workbench.config.experiment import from_dict
 from workbench.config.loading import load_experiment
 from workbench.core.paths import project_path
-from workbench.train.plan import AgentFacts, plan_experiment
+from workbench.train.plan import AgentFacts, micro_batch_rows, plan_experiment
 from workbench.train.rundir import RunWriter, create_run_dir
 from workbench.train.trainer import Trainer
 
@@ -140,8 +140,8 @@ def test_rows_fill_the_budget_and_stop_at_the_cpu_cap(bpe_agent):
     assert rows_within(100 * per_row, per_row, 10_000, "cuda") == 100  # no cap but memory on CUDA
 
 
-def _recipe_plan(memory_gib):
-    cfg = load_experiment(project_path("experiments/gpu/qwen3-1.7b-base_qwen3-4b-base.yaml"))
+def _recipe_plan(memory_gib, *overrides):
+    cfg = load_experiment(project_path("experiments/gpu/qwen3-1.7b-base_qwen3-4b-base.yaml"), list(overrides))
     facts = [
         AgentFacts(REFERENCE_CONFIGS[spec.model], "cuda:0", memory_gib * GiB, 256) for spec in cfg.agents
     ]
@@ -160,6 +160,17 @@ def test_the_qwen3_recipe_plan_fits_every_phase_in_its_budget():
     # 64 greedy rows at 2,048 new tokens would not fit a 24 GiB card next to the two models
     row = generation_row_bytes(small.agents[0].dims, 2, 256, 2048, sampled=False)
     assert 64 * row > small.agents[0].budget
+
+
+def test_micro_batches_cut_by_tokens_shrink_the_planned_update():
+    assert micro_batch_rows(8, None, 1000) == 8
+    assert micro_batch_rows(8, 2500, 1000) == 3  # rounded up: never fewer tokens than a micro-batch holds
+    assert micro_batch_rows(8, 100, 1000) == 1  # a longer sequence goes alone
+    assert micro_batch_rows(2, 10_000, 1000) == 2
+    by_rows, by_tokens = _recipe_plan(80), _recipe_plan(80, "train.micro_batch_tokens=2048")
+    for rows, tokens in zip(by_rows.agents, by_tokens.agents):
+        assert tokens.phases["activations"] < rows.phases["activations"]
+        assert tokens.phases["score"] <= rows.phases["score"]
 
 
 def test_the_trainer_hands_each_worker_the_budget_of_its_plan(tmp_path):

@@ -11,6 +11,7 @@ from workbench.config.agent_spec import AgentSpec
 from workbench.core import losses
 from workbench.core.losses import LossParams, PolicyBatch
 from workbench.core.types import Rollout
+from workbench.train import batches as batches_module
 from workbench.train import update as update_module
 from workbench.train.batches import build_learner_batch, plan_micro_batches
 from workbench.train.exchange import RolloutRequest, UpdateRequest, as_cross_rollout, share
@@ -34,16 +35,35 @@ def _worker_settings(**update):
     )
 
 
-def test_micro_batch_plan_never_mixes_self_and_cross_rows():
-    assert plan_micro_batches(range(12), 6, 2, 4) == [[[0, 1, 2, 3], [4, 5]], [[6, 7, 8, 9], [10, 11]]]
-    assert plan_micro_batches(range(8), 3, 2, 2) == [[[0, 1], [2], [3]], [[4, 5], [6, 7]]]
-    for n_self, n, mb, micro in [(5, 12, 4, 3), (0, 6, 3, 2), (7, 7, 7, 8), (16, 48, 8, 128)]:
-        plan = plan_micro_batches(range(n), n_self, n // mb, micro)
-        rows = [r for micros in plan for rows in micros for r in rows]
+def _micro(plan):
+    return [mb.micro_batches for mb in plan]
+
+
+def test_micro_batch_plan_cuts_mini_batches_by_rows_and_tokens():
+    assert _micro(plan_micro_batches(range(12), 2, 4)) == [[[0, 1, 2, 3], [4, 5]], [[6, 7, 8, 9], [10, 11]]]
+    lengths = [3, 5, 2, 9, 1, 1, 1, 4]
+    cut = plan_micro_batches(range(8), 2, 3, micro_batch_tokens=8, length_B=lengths)
+    assert _micro(cut) == [[[0, 1], [2], [3]], [[4, 5, 6], [7]]]  # 9 tokens go alone; 3 rows at most
+    for n, mb, micro, budget in [(12, 4, 3, None), (6, 3, 2, 7), (7, 7, 8, 1), (48, 8, 128, 40)]:
+        length_B = [1 + (5 * r) % 11 for r in range(n)]
+        plan = plan_micro_batches(range(n), n // mb, micro, micro_batch_tokens=budget, length_B=length_B)
+        rows = [r for micros in _micro(plan) for rows in micros for r in rows]
         assert rows == list(range(n))  # every row once, in order
-        assert [sum(map(len, micros)) for micros in plan] == [mb] * (n // mb)  # mini-batches of mb rows
-        assert all(max(r) < n_self or min(r) >= n_self for micros in plan for r in micros)
-        assert all(len(r) <= micro for micros in plan for r in micros)
+        assert [m.size for m in plan] == [mb] * (n // mb)  # mini-batches of mb rows
+        assert all(len(r) <= micro for micros in _micro(plan) for r in micros)
+        assert all(
+            len(r) == 1 or sum(length_B[i] for i in r) <= budget
+            for micros in _micro(plan)
+            for r in micros
+            if budget is not None
+        )
+
+
+def test_rows_not_forwarded_still_count_in_their_mini_batch():
+    forward = [True, False, True, True, False, False]
+    plan = plan_micro_batches(range(6), 2, 2, forward_B=forward)
+    assert _micro(plan) == [[[0, 2]], [[3]]] and [m.size for m in plan] == [3, 3]
+    assert _micro(plan_micro_batches(range(2), 1, 2, forward_B=[False, False])) == [[]]
 
 
 @pytest.fixture
@@ -69,11 +89,15 @@ def test_one_no_grad_pass_over_own_rows_only_and_self_ratio_exactly_one(pair, mo
 
     monkeypatch.setattr(update_module, "token_logprobs", counting)
     scores = score_own(learner, own, SETTINGS)
+    assert seen == {"no_grad_rows": len(own), "grad_rows": 0}  # the learner's no-grad pass: own rows once
     batch = build_learner_batch(learner, 0, own, cross, advantages_P_A_G, torch.tensor([1.0, 2.0]), scores)
     optimizer = torch.optim.AdamW(learner.trainable_parameters(), lr=1e-3)
+    seen["no_grad_rows"] = 0
     out = update_learner(learner, optimizer, batch, LossParams(), SETTINGS)
-    # the learner's no-grad pass saw its own rows once; every row was trained once; cross rows never no-grad
-    assert seen == {"no_grad_rows": len(own), "grad_rows": len(own) + len(cross)}
+    # every own row trained once; the shared rows probed once without gradient (clipped ones need no
+    # backward pass), the others trained once
+    clipped = int((out.clipped_B[len(own) :] == 1).sum())
+    assert seen == {"no_grad_rows": len(cross), "grad_rows": len(own) + len(cross) - clipped}
     # its sums are what it shares: its log-likelihood of each own response, whatever the micro-batches
     reference = [dataclasses.replace(r) for r in own]
     score_own(
@@ -204,10 +228,10 @@ def test_an_engine_that_breaks_the_contract_is_named(char_agent_dir):
 
 
 def test_plan_spreads_kept_rows_over_the_full_batch_update_count():
-    kept = [0, 1, 2, 3, 6, 7, 8, 9, 10, 11]  # rows 4, 5 left out; self rows are 0..5
-    assert plan_micro_batches(kept, 6, 2, 4) == [[[0, 1, 2, 3], [6]], [[7, 8, 9, 10], [11]]]
-    assert plan_micro_batches([], 0, 3, 4) == []
-    assert plan_micro_batches([0, 1], 2, 3, 4) == [[[0]], [[1]]]  # never an empty mini-batch
+    kept = [0, 1, 2, 3, 6, 7, 8, 9, 10, 11]  # rows 4, 5 left out
+    assert _micro(plan_micro_batches(kept, 2, 4)) == [[[0, 1, 2, 3], [6]], [[7, 8, 9, 10], [11]]]
+    assert plan_micro_batches([], 3, 4) == []
+    assert _micro(plan_micro_batches([0, 1], 3, 4)) == [[[0]], [[1]]]  # never an empty mini-batch
 
 
 def _update(learner, own, cross, advantages_P_A_G, settings, **batch_kwargs):
@@ -292,7 +316,7 @@ def test_symmetric_naive_gives_shared_answers_gradient_whatever_the_sign_of_thei
     assert not torch.equal(batch.old_logp_mean_B[is_cross_B], source_old_B[is_cross_B])
     signs = batch.advantages_B[is_cross_B].sign()
     assert (signs > 0).any() and (signs < 0).any()  # the fixture's advantages run from -1 to 1
-    (rows,) = [r for micros in batch.plan(12, 4) for r in micros if r[0] >= len(own)][:1]
+    rows = [r for mb in batch.plan(12, 12) for r in mb.micro_batches[0]]  # one micro-batch, mini-batch 0
     view = batch.tokens.select(rows)
     logp_B_T, mask_B_T = update_module.token_logprobs(learner, view, temperature=1.0)
     loss, stats = losses.gspo_policy_loss(batch.policy_batch(rows, view, logp_B_T, mask_B_T, 0), LossParams())
@@ -300,7 +324,7 @@ def test_symmetric_naive_gives_shared_answers_gradient_whatever_the_sign_of_thei
     grad_B_T = torch.autograd.grad(loss, logp_B_T)[0]
     advantages_B = batch.advantages_B[rows]
     assert all((grad_B_T[b].abs().sum() > 0) == (advantages_B[b] != 0) for b in range(len(rows)))
-    assert (advantages_B > 0).any() and (advantages_B < 0).any()  # both signs in this micro-batch
+    assert rows == list(range(12)) and is_cross_B.sum() == 6  # the shared rows of both signs among them
 
 
 def test_gspo_clip_keeps_a_low_ratio_only_for_a_positive_advantage():
@@ -319,3 +343,94 @@ def test_gspo_clip_keeps_a_low_ratio_only_for_a_positive_advantage():
     grad_B_T = torch.autograd.grad(loss, logp_B_T)[0]
     assert stats.clipped_B.tolist() == [0.0, 1.0]
     assert grad_B_T[0].abs().sum() > 0 and grad_B_T[1].abs().sum() == 0
+
+
+def _weights_after(learner_dir, own, cross, advantages_P_A_G, settings, forwarded=None):
+    """A fresh learner's weights, losses and gradient norms after `update_learner` on the pair's batch.
+
+    SGD with momentum: a step on zero gradients still moves the weights (as AdamW's does), and the update is
+    linear in the gradients, so float rounding stays at its size (AdamW's normalization turns the rounding of
+    a gradient entry that is 0 in exact arithmetic into a step of the learning rate)."""
+    learner = load_agent(str(learner_dir))
+    batch = build_learner_batch(
+        learner, 0, own, cross, advantages_P_A_G, torch.tensor([1.0, 2.0]), score_own(learner, own, settings)
+    )
+    optimizer = torch.optim.SGD(learner.trainable_parameters(), lr=0.1, momentum=0.9)
+    out = update_learner(learner, optimizer, batch, LossParams(), settings)
+    if forwarded is not None:
+        forwarded.extend(int(r) for r in (~out.ratio_B.isnan()).nonzero().flatten())
+    return {k: v.clone() for k, v in learner.model.state_dict().items()}, out
+
+
+def _assert_same_update(a, b):
+    (weights_a, out_a), (weights_b, out_b) = a, b
+    assert out_a.n_updates == out_b.n_updates
+    assert out_a.losses == pytest.approx(out_b.losses, rel=1e-4, abs=1e-7)
+    assert out_a.grad_norms == pytest.approx(out_b.grad_norms, rel=1e-4, abs=1e-7)
+    for name, value in weights_a.items():
+        torch.testing.assert_close(value, weights_b[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("kl_coef", [0.0, 0.01])
+def test_rows_of_advantage_zero_are_not_forwarded_and_change_nothing(
+    pair, char_agent_dir, monkeypatch, kl_coef
+):
+    """The same update as forwarding every row: the loss still divides by every row of the mini-batch, and a
+    mini-batch with nothing to forward still takes its optimizer step (on zero gradients). With a KL term the
+    learner's own rows are forwarded whatever their advantage. Tolerance: weights 1e-5 relative."""
+    _, own, cross, advantages_P_A_G = pair
+    zeros = advantages_P_A_G.clone()
+    zeros[0] = 0.0  # prompt 0: rows 0, 1 (own) and 6, 7 (shared)
+    zeros[:, 1] = 0.0  # every shared row: mini-batch 1 has nothing to forward
+    settings = dataclasses.replace(SETTINGS, kl_coef=kl_coef)
+    forwarded: list[int] = []
+    skipping = _weights_after(char_agent_dir, own, cross, zeros, settings, forwarded)
+    real = batches_module.plan_micro_batches
+    monkeypatch.setattr(
+        batches_module, "plan_micro_batches", lambda *a, **k: real(*a, **{**k, "forward_B": None})
+    )
+    everything = _weights_after(char_agent_dir, own, cross, zeros, settings)
+    _assert_same_update(skipping, everything)
+    assert forwarded == ([0, 1, 2, 3, 4, 5] if kl_coef else [2, 3, 4, 5])
+    assert skipping[1].grad_norms[1] == 0.0 and everything[1].grad_norms[1] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_the_update_does_not_depend_on_the_micro_batches(pair, char_agent_dir):
+    """One forward of own and shared rows together, or micro-batches cut by rows or by tokens: one update
+    (tolerance: weights 1e-5 relative; the KL term included)."""
+    _, own, cross, advantages_P_A_G = pair
+    settings = dataclasses.replace(SETTINGS, micro_batch_size=12)
+    whole = _weights_after(char_agent_dir, own, cross, advantages_P_A_G, settings)
+    for micro in ({"micro_batch_size": 1}, {"micro_batch_size": 4}, {"micro_batch_tokens": 40}):
+        settings = dataclasses.replace(SETTINGS, **({"micro_batch_size": 12} | micro))
+        _assert_same_update(_weights_after(char_agent_dir, own, cross, advantages_P_A_G, settings), whole)
+
+
+def test_clipped_shared_rows_get_no_backward_pass_and_change_nothing(pair, char_agent_dir, monkeypatch):
+    """A no-grad pass finds the shared rows whose ratio lies outside its bounds (their loss term is constant)
+    and only the others are trained: the same update, losses and statistics as training every row
+    (tolerance: weights 1e-5 relative, ratios 1e-5)."""
+    _, own, cross, advantages_P_A_G = pair
+    trained: list[int] = []
+    real = update_module._Step.backward
+    monkeypatch.setattr(
+        update_module._Step, "backward", lambda self, rows: trained.extend(rows) or real(self, rows)
+    )
+    probing = _weights_after(char_agent_dir, own, cross, advantages_P_A_G, SETTINGS)
+    clipped_B = probing[1].clipped_B == 1
+    assert clipped_B[len(own) :].any() and not clipped_B[: len(own)].any()  # some shared rows are clipped
+    assert sorted(trained) == [r for r in range(len(own) + len(cross)) if not clipped_B[r] or r < len(own)]
+    monkeypatch.setattr(update_module._Probes, "worth_it", lambda self: False)
+    everything = _weights_after(char_agent_dir, own, cross, advantages_P_A_G, SETTINGS)
+    _assert_same_update(probing, everything)
+    for name in ("ratio_B", "lower_B", "upper_B", "clipped_B", "minibatch_B"):
+        torch.testing.assert_close(getattr(probing[1], name), getattr(everything[1], name), atol=1e-5, rtol=0)
+
+
+def test_probing_stops_when_it_does_not_pay():
+    probes = update_module._Probes()
+    assert probes.worth_it()  # the first micro-batch with shared rows is probed
+    probes.count(10, 4)
+    assert probes.worth_it()  # 40% clipped: a no-grad pass (about 35% of a forward and backward) pays
+    probes.count(10, 2)
+    assert not probes.worth_it()  # 30%: no longer

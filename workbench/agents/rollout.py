@@ -32,6 +32,7 @@ import torch
 from workbench.agents.decode import sample_rows
 from workbench.agents.logprobs import head_parts, logits_logprobs, selective_logprobs
 from workbench.agents.memory import generation_rows
+from workbench.agents.packing import pack_rows, packed_attention, packed_attention_active, supports_packing
 from workbench.agents.tokens import TokenBatch
 from workbench.core.losses import masked_mean_logp
 from workbench.core.types import Rollout
@@ -167,36 +168,75 @@ def _grad_mode(agent: Agent) -> Iterator[None]:
             agent.model.eval()
 
 
+def _checkpointing(model: Any) -> bool:
+    """Whether a gradient pass of ``model`` recomputes its layers in the backward pass."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return bool(getattr(inner, "is_activation_checkpointing", False)) and model.training
+
+
 def _token_logprobs_with(
     model: Any, batch: TokenBatch, temperature: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs of the response tokens (`workbench.agents.logprobs`): the LM head and the log-softmax run
-    only on response positions, a chunk of tokens at a time, so no full-vocabulary fp32 tensor is built."""
-    ids_B_T = batch.input_ids_B_T
+    only on response positions, a chunk of tokens at a time, so no full-vocabulary fp32 tensor is built.
+
+    The rows run packed (`workbench.agents.packing`: no padding, each distinct prompt once) when the model
+    supports it; a gradient pass with checkpointing only inside the caller's `packed_attention` block (its
+    backward pass recomputes the layers), else padded.
+    """
     mask_B_T = batch.response_mask_B_T[:, 1:]
     keep_B_T = mask_B_T.bool()
-    # Only positions from the first response token on are scored: the rest of the prompt needs no head.
-    has_response = batch.response_mask_B_T.any(dim=0).nonzero()
-    first = int(has_response[0]) if len(has_response) else ids_B_T.shape[1] - 1
-    start = max(first - 1, 0)
-    targets_N = ids_B_T[:, 1:][keep_B_T]
     parts = head_parts(model)
+    packable = supports_packing(model)
+    if packable and torch.is_grad_enabled() and _checkpointing(model):
+        packable = packed_attention_active(model)
+    if packable:
+        backbone, head, softcap = parts
+        packed = pack_rows(batch)
+        with packed_attention(model):
+            hidden_1_N_H = backbone(
+                input_ids=packed.input_ids_1_N,
+                position_ids=packed.position_ids_1_N,
+                use_cache=False,
+                packing=packed.attention,
+            ).last_hidden_state
+        hidden_S_H = hidden_1_N_H[0].index_select(0, packed.predictor_S)
+        logp_N = selective_logprobs(
+            hidden_S_H, packed.targets_S, head, temperature=temperature, softcap=softcap
+        )
+    else:
+        logp_N = _padded_logprobs(model, parts, batch, keep_B_T, temperature)
+    logp_B_T = torch.zeros(keep_B_T.shape, dtype=logp_N.dtype, device=logp_N.device)
+    return logp_B_T.masked_scatter(keep_B_T, logp_N), mask_B_T
+
+
+def _padded_logprobs(
+    model: Any,
+    parts: tuple[Any, Any, float | None] | None,
+    batch: TokenBatch,
+    keep_B_T: torch.Tensor,
+    temperature: float,
+) -> torch.Tensor:
+    """``logp_N`` of the scored tokens of a right-padded batch, in the row-major order of ``keep_B_T``."""
+    ids_B_T = batch.input_ids_B_T
+    targets_N = ids_B_T[:, 1:][keep_B_T]
     if parts is not None:
         backbone, head, softcap = parts
         hidden_B_T_H = backbone(
             input_ids=ids_B_T, attention_mask=batch.attention_mask_B_T, use_cache=False
         ).last_hidden_state
         hidden_N_H = hidden_B_T_H[:, :-1][keep_B_T]
-        logp_N = selective_logprobs(hidden_N_H, targets_N, head, temperature=temperature, softcap=softcap)
-    else:
-        keep = ids_B_T.shape[1] - start
-        out = model(
-            input_ids=ids_B_T, attention_mask=batch.attention_mask_B_T, use_cache=False, logits_to_keep=keep
-        )
-        logits_N_V = out.logits[:, :-1][keep_B_T[:, start:]]
-        logp_N = logits_logprobs(logits_N_V, targets_N, temperature=temperature)
-    logp_B_T = torch.zeros(keep_B_T.shape, dtype=logp_N.dtype, device=logp_N.device)
-    return logp_B_T.masked_scatter(keep_B_T, logp_N), mask_B_T
+        return selective_logprobs(hidden_N_H, targets_N, head, temperature=temperature, softcap=softcap)
+    # Only positions from the first response token on are scored: the rest of the prompt needs no head.
+    has_response = batch.response_mask_B_T.any(dim=0).nonzero()
+    first = int(has_response[0]) if len(has_response) else ids_B_T.shape[1] - 1
+    start = max(first - 1, 0)
+    keep = ids_B_T.shape[1] - start
+    out = model(
+        input_ids=ids_B_T, attention_mask=batch.attention_mask_B_T, use_cache=False, logits_to_keep=keep
+    )
+    logits_N_V = out.logits[:, :-1][keep_B_T[:, start:]]
+    return logits_logprobs(logits_N_V, targets_N, temperature=temperature)
 
 
 def token_logprobs(

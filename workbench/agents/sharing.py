@@ -44,29 +44,46 @@ def reencode_response(learner: Agent, rollout: Rollout) -> tuple[list[int], list
     ``counts`` holds ``unknown_chars`` (learner unknown tokens produced), ``truncated`` (0/1),
     ``empty`` (0/1: no response token at all) and ``lossy`` (0/1: decoding does not give the text back).
     """
-    tokenizer = learner.tokenizer
-    prompt_ids = learner.encode_prompt(rollout.prompt)
+    (body,) = _encode_texts(learner, [rollout.text])
+    (decoded,) = learner.tokenizer.batch_decode([body], skip_special_tokens=False)
+    return _reencoded(learner, rollout, learner.encode_prompt(rollout.prompt), body, decoded)
+
+
+def _encode_texts(learner: Agent, texts: list[str]) -> list[list[int]]:
+    """Each text in the learner's tokens, one tokenizer call for all (an empty text has none)."""
+    present = [t for t in texts if t]
     # split_special_tokens: a literal "<eos>" in the text is text, never the learner's special token
-    body = (
-        tokenizer.encode(rollout.text, add_special_tokens=False, split_special_tokens=True)
-        if rollout.text
+    encoded = (
+        learner.tokenizer(present, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+        if present
         else []
     )
-    unk_id = getattr(tokenizer, "unk_token_id", None)
+    bodies = iter(encoded)
+    return [list(next(bodies)) if t else [] for t in texts]
+
+
+def _reencoded(
+    learner: Agent, rollout: Rollout, prompt_ids: list[int], body: list[int], decoded: str
+) -> tuple[list[int], list[int], dict[str, int]]:
+    """`reencode_response` given the prompt's ids, the text's ids and their decoding."""
+    unk_id = getattr(learner.tokenizer, "unk_token_id", None)
     unknown = sum(1 for t in body if t == unk_id) if unk_id is not None else 0
-    lossy = int(bool(body) and tokenizer.decode(body, skip_special_tokens=False) != rollout.text)
+    lossy = int(bool(body) and decoded != rollout.text)
     response = body + ([learner.eos_token_id] if rollout.finish_reason == "eos" else [])
     cap = _response_cap(learner, len(prompt_ids))
     truncated = int(len(response) > cap)
     response = response[:cap]
     counts = {"unknown_chars": unknown, "truncated": truncated, "empty": int(not response), "lossy": lossy}
-    return prompt_ids, response, counts
+    return list(prompt_ids), response, counts
 
 
 def build_training_batch(
     learner: Agent, rollouts: list[Rollout], learner_index: int
 ) -> tuple[TokenBatch, dict[str, int]]:
     """One learner's batch over every agent's rollouts, in the order given.
+
+    Cross samples are re-encoded as `reencode_response` does, each distinct prompt once and every text in one
+    tokenizer call.
 
     Args:
         learner: The agent being updated.
@@ -77,6 +94,11 @@ def build_training_batch(
         The `TokenBatch` (CPU) and counts for logging: ``self``, ``reencoded``, ``unknown_chars``,
         ``truncated``, ``empty_responses``, ``lossy``.
     """
+    cross = [r for r in rollouts if r.author != learner_index]
+    prompts = {p: learner.encode_prompt(p) for p in dict.fromkeys(r.prompt for r in cross)}
+    bodies = _encode_texts(learner, [r.text for r in cross])
+    decoded = learner.tokenizer.batch_decode(bodies, skip_special_tokens=False) if bodies else []
+    reencoded = iter(zip(cross, bodies, decoded))
     pairs: list[tuple[list[int], list[int]]] = []
     counts = {"self": 0, "reencoded": 0, "unknown_chars": 0, "truncated": 0, "empty_responses": 0, "lossy": 0}
     for rollout in rollouts:
@@ -85,7 +107,8 @@ def build_training_batch(
             counts["self"] += 1
             counts["empty_responses"] += int(not rollout.response_ids)
             continue
-        prompt_ids, response_ids, row = reencode_response(learner, rollout)
+        _, body, text = next(reencoded)
+        prompt_ids, response_ids, row = _reencoded(learner, rollout, prompts[rollout.prompt], body, text)
         pairs.append((prompt_ids, response_ids))
         counts["reencoded"] += 1
         counts["unknown_chars"] += row["unknown_chars"]

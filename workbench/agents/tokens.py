@@ -4,14 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from workbench.core.types import Rollout
-
-if TYPE_CHECKING:
-    pass
 
 
 @dataclass
@@ -58,16 +54,15 @@ class TokenBatch:
 
 def pack(pairs: list[tuple[list[int], list[int]]], pad_id: int) -> TokenBatch:
     """Right-pads ``(prompt_ids, response_ids)`` pairs into a `TokenBatch` (on CPU)."""
-    width = max((len(p) + len(r) for p, r in pairs), default=0)
+    prompt_B = torch.tensor([len(p) for p, _ in pairs], dtype=torch.long)
+    length_B = prompt_B + torch.tensor([len(r) for _, r in pairs], dtype=torch.long)
+    width = int(length_B.max()) if pairs else 0
+    position_1_T = torch.arange(width)[None, :]
+    real_B_T = position_1_T < length_B[:, None]
     ids_B_T = torch.full((len(pairs), width), pad_id, dtype=torch.long)
-    attn_B_T = torch.zeros((len(pairs), width), dtype=torch.long)
-    resp_B_T = torch.zeros((len(pairs), width), dtype=torch.long)
-    for i, (prompt, response) in enumerate(pairs):
-        n_p, n = len(prompt), len(prompt) + len(response)
-        ids_B_T[i, :n] = torch.tensor(prompt + response, dtype=torch.long)
-        attn_B_T[i, :n] = 1
-        resp_B_T[i, n_p:n] = 1
-    return TokenBatch(ids_B_T, attn_B_T, resp_B_T)
+    ids_B_T[real_B_T] = torch.tensor([t for p, r in pairs for t in (*p, *r)], dtype=torch.long)
+    response_B_T = real_B_T & (position_1_T >= prompt_B[:, None])
+    return TokenBatch(ids_B_T, real_B_T.long(), response_B_T.long())
 
 
 def self_token_batch(rollouts: list[Rollout], pad_id: int) -> TokenBatch:

@@ -97,7 +97,11 @@ class TrainConfig:
     minibatch_prompts: int = 8
     """Prompts per mini-batch (paper: 64); a mini-batch holds minibatch_prompts·G sequences."""
     micro_batch_size: int = 64
-    """Sequences per forward/backward (gradient accumulation; memory knob only)."""
+    """Sequences per forward/backward at most (gradient accumulation; memory knob only)."""
+    micro_batch_tokens: int | None = None
+    """Tokens (prompt + response of each sequence) per forward/backward at most, besides micro_batch_size:
+    sizes micro-batches by what they cost when lengths vary (a longer sequence goes alone); null = sequences
+    alone. Memory knob only: the loss and gradients do not depend on it."""
     lr: float = 1e-4
     """AdamW learning rate (paper: 1e-6 for full fine-tuning of 2-8B models)."""
     adam_beta1: float = 0.9
@@ -156,6 +160,8 @@ class TrainConfig:
             f"must divide train.prompts_per_step = {self.prompts_per_step}",
         )
         require(self.micro_batch_size >= 1, "train.micro_batch_size", self.micro_batch_size, ">= 1")
+        mbt = self.micro_batch_tokens
+        require(mbt is None or mbt >= 1, "train.micro_batch_tokens", mbt, ">= 1 or null")
         require(self.lr > 0, "train.lr", self.lr, "> 0")
         require(0 <= self.adam_beta1 < 1, "train.adam_beta1", self.adam_beta1, "in [0, 1)")
         require(0 <= self.adam_beta2 < 1, "train.adam_beta2", self.adam_beta2, "in [0, 1)")

@@ -29,10 +29,10 @@ import torch
 from workbench.agents.agent import Agent
 from workbench.agents.sharing import build_training_batch
 from workbench.agents.tokens import TokenBatch
-from workbench.core.losses import PolicyBatch
+from workbench.core.losses import PolicyBatch, length_normalized_logp
 from workbench.core.types import Rollout, RolloutId
 
-__all__ = ["LearnerBatch", "OldScores", "build_learner_batch", "plan_micro_batches"]
+__all__ = ["LearnerBatch", "MiniBatch", "OldScores", "build_learner_batch", "plan_micro_batches"]
 
 
 @dataclass
@@ -114,18 +114,34 @@ class LearnerBatch:
         self, rows: list[int], view: TokenBatch, logp_B_T: torch.Tensor, mask_B_T: torch.Tensor, m: int
     ) -> PolicyBatch:
         """The loss input of micro-batch ``rows`` (token view ``view``) in mini-batch ``m``, on the learner's
-        device: its current log-probs ``logp_B_T`` and each row's advantage, coefficient and old log-probs."""
+        device: its current log-probs ``logp_B_T`` and each row's advantage, coefficient and old log-probs.
+
+        In mini-batch 0 no optimizer step has been taken yet: the old policy of the rows the learner scored
+        itself (its own rows; shared rows under the symmetric Naive) is its current one, so their old
+        log-probs are the current ones, detached (s = 1 exactly, whatever micro-batch they were scored in).
+        """
         device, index_B = logp_B_T.device, torch.tensor(rows, dtype=torch.long)
+        length_B = self.length_B[index_B].to(device)
+        old_mean_B = self.old_logp_mean_B[index_B].to(device)
+        old_B_T = self.token_view(self.old_logp_T, rows, view)
+        if m == 0:
+            scored_B = torch.tensor([self.old_logp_T[r] is not None for r in rows], device=device)
+            current_B_T = logp_B_T.detach()
+            old_mean_B = torch.where(
+                scored_B, length_normalized_logp(current_B_T, mask_B_T, length_B), old_mean_B
+            )
+            if old_B_T is not None:
+                old_B_T = current_B_T
         return PolicyBatch(
             logp_B_T=logp_B_T,
             mask_B_T=mask_B_T,
-            old_logp_mean_B=self.old_logp_mean_B[index_B].to(device),
+            old_logp_mean_B=old_mean_B,
             advantages_B=self.advantages_B[index_B].to(device),
             is_self_B=self.is_self_B[index_B].to(device),
             cross_coef_B=self.cross_coef_B[index_B].to(device),
             minibatch_index=m,
-            old_logp_B_T=self.token_view(self.old_logp_T, rows, view),
-            length_B=self.length_B[index_B].to(device),
+            old_logp_B_T=old_B_T,
+            length_B=length_B,
         )
 
     @staticmethod
@@ -142,27 +158,71 @@ class LearnerBatch:
             out_B_T[b, : len(row_T)] = row_T
         return out_B_T
 
-    def plan(self, minibatch_size: int, micro_batch_size: int) -> list[list[list[int]]]:
-        """`plan_micro_batches` of the kept rows, over as many mini-batches as the full batch has."""
+    def plan(
+        self,
+        minibatch_size: int,
+        micro_batch_size: int,
+        micro_batch_tokens: int | None = None,
+        *,
+        kl_on_self: bool = False,
+    ) -> list[MiniBatch]:
+        """`plan_micro_batches` of the kept rows, over as many mini-batches as the full batch has.
+
+        A kept row whose advantage is exactly 0 adds nothing to the policy loss (every loss multiplies its
+        objective by the advantage) and is not forwarded, but still counts in its mini-batch's mean; with a
+        KL term (``kl_on_self``) the learner's own rows are forwarded whatever their advantage.
+        """
         kept = self.keep_B.nonzero().flatten().tolist()
-        n_self = int(self.is_self_B.sum())
-        return plan_micro_batches(kept, n_self, math.ceil(len(self) / minibatch_size), micro_batch_size)
+        forward_B = (self.advantages_B != 0) | (self.is_self_B & kl_on_self)
+        lengths_B = self.tokens.attention_mask_B_T.sum(dim=-1)
+        return plan_micro_batches(
+            kept,
+            math.ceil(len(self) / minibatch_size),
+            micro_batch_size,
+            micro_batch_tokens=micro_batch_tokens,
+            length_B=lengths_B.tolist(),
+            forward_B=forward_B.tolist(),
+        )
+
+
+@dataclass(frozen=True)
+class MiniBatch:
+    """One optimizer step of a learner's update.
+
+    Attributes:
+        micro_batches: The rows forwarded, one forward/backward per list.
+        size: The rows the loss averages over: those forwarded and those left unforwarded because they add
+            nothing to the loss (advantage 0).
+    """
+
+    micro_batches: list[list[int]]
+    size: int
 
 
 def plan_micro_batches(
-    rows: Sequence[int], n_self: int, n_minibatches: int, micro_batch_size: int
-) -> list[list[list[int]]]:
+    rows: Sequence[int],
+    n_minibatches: int,
+    micro_batch_size: int,
+    *,
+    micro_batch_tokens: int | None = None,
+    length_B: Sequence[int] | None = None,
+    forward_B: Sequence[bool] | None = None,
+) -> list[MiniBatch]:
     """``rows`` spread evenly over ``n_minibatches`` mini-batches, each cut into micro-batches.
 
     Mini-batch m (one optimizer step; the stepwise bound of Eq. 14 counts them) holds the rows at positions
     ``[round(m·n/M), round((m+1)·n/M))`` of ``rows`` (n rows, M = min(n_minibatches, n) mini-batches, none
-    empty); when the full batch is kept and M divides it, that is rows ``[m·size, (m+1)·size)``. Within a
-    mini-batch, micro-batches of at most ``micro_batch_size`` rows start afresh at the first cross row
-    (``>= n_self``), so the learner's own rows are scored and trained in identical micro-batches whatever
-    follows them.
+    empty); when the full batch is kept and M divides it, that is rows ``[m·size, (m+1)·size)``. Its rows
+    with ``forward_B`` False are counted in its ``size`` but not forwarded. The others are cut, in order,
+    into micro-batches of at most ``micro_batch_size`` rows and, with ``micro_batch_tokens``, at most that
+    many tokens (``length_B``: each row's prompt + response tokens; a longer row goes alone). A learner's
+    own rows and other agents' rows share micro-batches.
 
-    >>> plan_micro_batches(range(8), 3, 2, 2)
-    [[[0, 1], [2], [3]], [[4, 5], [6, 7]]]
+    >>> [mb.micro_batches for mb in plan_micro_batches(range(8), 2, 3)]
+    [[[0, 1, 2], [3]], [[4, 5, 6], [7]]]
+    >>> [mb.micro_batches for mb in plan_micro_batches(range(6), 1, 6, micro_batch_tokens=5,
+    ...                                                length_B=[2, 2, 2, 6, 1, 1])]
+    [[[0, 1], [2], [3], [4, 5]]]
     """
     rows = list(rows)
     if not rows:
@@ -172,9 +232,22 @@ def plan_micro_batches(
     plan = []
     for start, stop in itertools.pairwise(bounds):
         chunk = rows[start:stop]
-        first_cross = next((i for i, r in enumerate(chunk) if r >= n_self), len(chunk))
-        parts = [chunk[:first_cross], chunk[first_cross:]]
-        plan.append([p[i : i + micro_batch_size] for p in parts for i in range(0, len(p), micro_batch_size)])
+        micro_batches: list[list[int]] = []
+        tokens = 0
+        for row in chunk:
+            if forward_B is not None and not forward_B[row]:
+                continue
+            length = length_B[row] if length_B is not None else 0
+            full = micro_batches and (
+                len(micro_batches[-1]) >= micro_batch_size
+                or (micro_batch_tokens is not None and tokens + length > micro_batch_tokens)
+            )
+            if not micro_batches or full:
+                micro_batches.append([])
+                tokens = 0
+            micro_batches[-1].append(row)
+            tokens += length
+        plan.append(MiniBatch(micro_batches, len(chunk)))
     return plan
 
 

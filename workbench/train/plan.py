@@ -8,6 +8,9 @@ every agent's resident bytes (weights, adapters, optimizer state, KV reference),
 as its transient budget: all of it with ``executor: local`` (agents run one after another), an equal share
 with ``executor: ray`` (agents on one device run at once). Generation and evaluation batches hold as many rows
 as that budget allows (`workbench.agents.memory.generation_rows` at run time, with the real prompt lengths).
+An update or scoring micro-batch counts ``train.micro_batch_size`` full-length sequences, fewer when
+``train.micro_batch_tokens`` cuts it (`micro_batch_rows`); packed micro-batches (no padding, shared prompts
+once: `workbench.agents.packing`) hold fewer tokens than that, so the plan errs on the safe side.
 
 Times are estimates for CUDA from three device constants (`SPEEDS`): sustained matmul FLOP/s, memory
 bandwidth, and the cost of one eager op (kernel launch + Python dispatch); a decode step costs the largest.
@@ -127,6 +130,14 @@ class ExperimentPlan:
         return [a.budget for a in self.agents]
 
 
+def micro_batch_rows(micro_batch_size: int, micro_batch_tokens: int | None, tokens: int) -> int:
+    """Full-length sequences of ``tokens`` tokens a micro-batch holds: ``micro_batch_size``, fewer when
+    ``micro_batch_tokens`` cuts it (rounded up; at least one), so a plan sized by it never under-counts."""
+    if micro_batch_tokens is None:
+        return micro_batch_size
+    return max(1, min(micro_batch_size, math.ceil(micro_batch_tokens / max(tokens, 1))))
+
+
 def _act(spec: AgentSpec, device_type: str) -> int:
     return element_bytes(precision_policy(spec, device_type).activations)
 
@@ -146,7 +157,7 @@ def _phases(
     eval_items = cfg.task.eval_size
     greedy = rows_within(budget, greedy_row, max(eval_items, 1), kind)
     sampled = rows_within(budget, sampled_row, max(eval_items * t.eval_samples, 1), kind)
-    micro, tokens = t.micro_batch_size, prompt + new
+    micro, tokens = micro_batch_rows(t.micro_batch_size, t.micro_batch_tokens, prompt + new), prompt + new
     trained = trained_kind(spec, Inventory.from_config(facts.config))
     acts, logits = training_bytes(
         dims, act, micro, tokens, new, checkpointing=spec.gradient_checkpointing, trained=trained
@@ -238,7 +249,8 @@ def plan_experiment(cfg: ExperimentConfig, facts: list[AgentFacts]) -> Experimen
             warnings.append(
                 f"agent {plan.name!r}: an update micro-batch needs {_gib(phases['update'])} but "
                 f"{_gib(d['budget'])} are left: lower train.micro_batch_size = "
-                f"{cfg.train.micro_batch_size} or set gradient_checkpointing: true"
+                f"{cfg.train.micro_batch_size} (or set train.micro_batch_tokens) or set "
+                "gradient_checkpointing: true"
             )
     for name, d in devices.items():
         d["peak"] = (
@@ -308,7 +320,9 @@ def render(plan: ExperimentPlan, cfg: ExperimentConfig) -> str:
     )
     lines = [
         f"memory plan of {cfg.experiment!r}: train.memory_fraction {t.memory_fraction}, executor "
-        f"{cfg.executor}, micro-batch {t.micro_batch_size} sequences, rollout {t.max_new_tokens} / eval "
+        f"{cfg.executor}, micro-batch {t.micro_batch_size} sequences"
+        f"{'' if t.micro_batch_tokens is None else f' or {t.micro_batch_tokens} tokens'}, rollout "
+        f"{t.max_new_tokens} / eval "
         f"{t.eval_max_new_tokens or t.max_new_tokens} new tokens",
         "",
         head,

@@ -1,32 +1,43 @@
 """One learner's mini-batch updates (Algorithm 1, lines 16-17), its one no-grad pass, and their metrics.
 
-`score_self` is the learner's no-grad pass of a step: over its own rollouts, before any update, in the
-update's micro-batches. It gives the old log-likelihoods the author shares and the learner's own old (and KL
-reference) log-probs, stored per row of its batch; cross samples need no pass of the learner, since their old
-log-prob is the source's (Eq. 11). The symmetric Naive (``hacpo.naive_symmetric``) is the one exception: its
-learner scores the shared rows too, at the start of its update, and takes them as its own old policy.
+`score_self` is the learner's no-grad pass of a step: over its own rollouts, before any update, in
+micro-batches of the update's sizes. It gives the old log-likelihoods the author shares and the learner's own
+old (and KL reference) log-probs, stored per row of its batch; cross samples need no pass of the learner,
+since their old log-prob is the source's (Eq. 11). The symmetric Naive (``hacpo.naive_symmetric``) is the one
+exception: its learner scores the shared rows too, at the start of its update, and takes them as its own old
+policy. In mini-batch 0, before the learner's first optimizer step, the rows it scored take its current
+log-probs as their old ones (`workbench.train.batches.LearnerBatch.policy_batch`): s = 1 exactly there.
 
 `update_learner` is the mini-batch loop: for each mini-batch (one optimizer step; mini-batch m gets the
-stepwise bound of m, Eq. 14), for each micro-batch (gradient accumulation, a memory knob only): the learner's
-log-probs, the loss, backward; then clip and step. Every registered policy loss is called the same way,
-``loss(PolicyBatch, LossParams)``, so the loop never branches on the method; the per-sample `SampleStats`
-it returns are aggregated once, by `learner_metrics`.
+stepwise bound of m, Eq. 14), for each micro-batch (gradient accumulation of own and shared rows together, a
+memory knob only): the learner's log-probs, the loss, backward; then clip and step. Every registered policy
+loss is called the same way, ``loss(PolicyBatch, LossParams)``, so the loop never branches on the method; the
+per-sample `SampleStats` it returns are aggregated once, by `learner_metrics`.
+
+Rows whose loss term is a constant get no backward pass; the loss, its mean over the mini-batch's rows and
+its gradient are those of training every row: rows of advantage 0 are not forwarded at all (the plan,
+`workbench.train.batches.LearnerBatch.plan`), and a no-grad pass over a micro-batch's shared rows finds those
+whose ratio clipping leaves without gradient (`_clipped_rows`; between heterogeneous agents most shared ratios
+fall outside [lb_m, 1]), as long as enough of them do to pay for that pass (`PROBE_BREAK_EVEN`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
 import torch
 
 from workbench.agents.agent import Agent
+from workbench.agents.packing import packed_attention, supports_packing
 from workbench.agents.rollout import reference_token_logprobs, token_logprobs
 from workbench.agents.tokens import TokenBatch, self_token_batch
 from workbench.core import losses
 from workbench.core.losses import LossParams, length_normalized_logp, low_var_kl
 from workbench.core.types import Rollout
-from workbench.train.batches import LearnerBatch, OldScores, plan_micro_batches
+from workbench.train.batches import LearnerBatch, MiniBatch, OldScores, plan_micro_batches
 
 __all__ = [
     "LearnerUpdate",
@@ -53,7 +64,9 @@ class UpdateSettings:
     minibatch_size: int = 64
     """Sequences per optimizer step."""
     micro_batch_size: int = 64
-    """Sequences per forward/backward."""
+    """Sequences per forward/backward at most."""
+    micro_batch_tokens: int | None = None
+    """Prompt + response tokens per forward/backward at most (None: sequences alone bound a micro-batch)."""
     temperature: float = 1.0
     """Log-probs are of softmax(logits / temperature), the sampling distribution."""
     kl_coef: float = 0.0
@@ -80,6 +93,7 @@ class LearnerUpdate:
     minibatch_B: torch.Tensor
     """The mini-batch index m each row was trained in (the m of its stepwise bound, Eq. 14)."""
     losses: list[float] = field(default_factory=list)
+    """Each mini-batch's policy loss: the mean over its rows (unforwarded rows of advantage 0 included)."""
     kls: list[float] = field(default_factory=list)
     grad_norms: list[float] = field(default_factory=list)
     n_updates: int = 0
@@ -89,9 +103,8 @@ class LearnerUpdate:
         """NaN statistics for ``n`` rows (rows the loop never trains keep them) and no losses yet."""
         return cls(*(torch.full((n,), math.nan) for _ in range(5)), n_updates=n_updates)
 
-    def record(self, rows: list[int], m: int, loss: float, stats: losses.SampleStats) -> None:
-        """One micro-batch's loss and per-sample statistics, trained in mini-batch ``m``."""
-        self.losses.append(loss)
+    def record(self, rows: list[int], m: int, stats: losses.SampleStats) -> None:
+        """One micro-batch's per-sample statistics, trained in mini-batch ``m``."""
         index_B = torch.tensor(rows, dtype=torch.long)
         for name in ("ratio_B", "lower_B", "upper_B", "clipped_B"):
             getattr(self, name)[index_B] = getattr(stats, name).float().cpu()
@@ -99,14 +112,20 @@ class LearnerUpdate:
 
 
 def score_own(agent: Agent, rollouts: list[Rollout], settings: UpdateSettings) -> OldScores:
-    """`score_self` of an author's own rollouts, in the micro-batches its update will train them in, with
-    each rollout's ``old_logp_sum`` and ``old_logp_count`` filled in: what it shares (Eq. 11)."""
-    n = len(rollouts)
-    plan = plan_micro_batches(range(n), n, math.ceil(n / settings.minibatch_size), settings.micro_batch_size)
+    """`score_self` of an author's own rollouts, in micro-batches of the update's sizes, with each rollout's
+    ``old_logp_sum`` and ``old_logp_count`` filled in: what it shares (Eq. 11)."""
+    tokens = self_token_batch(rollouts, agent.pad_token_id)
+    plan = plan_micro_batches(
+        range(len(rollouts)),
+        1,
+        settings.micro_batch_size,
+        micro_batch_tokens=settings.micro_batch_tokens,
+        length_B=tokens.attention_mask_B_T.sum(dim=-1).tolist(),
+    )
     scores = score_self(
         agent,
-        self_token_batch(rollouts, agent.pad_token_id),
-        [rows for micro_batches in plan for rows in micro_batches],
+        tokens,
+        [rows for minibatch in plan for rows in minibatch.micro_batches],
         temperature=settings.temperature,
         reference=settings.kl_coef > 0,
     )
@@ -166,12 +185,25 @@ def score_self(
 
 def score_cross(agent: Agent, batch: LearnerBatch, settings: UpdateSettings) -> None:
     """The symmetric Naive (``hacpo.naive_symmetric``): the learner's own old log-probs of the shared rows of
-    ``batch``, set as their old policy, scored in the micro-batches its update trains them in (so a shared
-    sample trained in mini-batch 0 has s = 1 exactly, as an own sample does)."""
-    plan = batch.plan(settings.minibatch_size, settings.micro_batch_size)
-    cross = [rows for micro_batches in plan for rows in micro_batches if not batch.is_self_B[rows[0]]]
+    ``batch`` it trains, before its update, set as their old policy (in mini-batch 0 they are replaced by
+    the current ones, as an own row's are: `LearnerBatch.policy_batch`)."""
+    cross = [
+        [r for r in rows if not batch.is_self_B[r]]
+        for minibatch in _plan(batch, settings)
+        for rows in minibatch.micro_batches
+    ]
+    cross = [rows for rows in cross if rows]
     scores = score_self(agent, batch.tokens, cross, temperature=settings.temperature, length_B=batch.length_B)
     batch.set_old_scores(scores)
+
+
+def _plan(batch: LearnerBatch, settings: UpdateSettings) -> list[MiniBatch]:
+    return batch.plan(
+        settings.minibatch_size,
+        settings.micro_batch_size,
+        settings.micro_batch_tokens,
+        kl_on_self=settings.kl_coef > 0,
+    )
 
 
 def update_learner(
@@ -200,32 +232,142 @@ def update_learner(
         TrainingError: A non-finite loss (nothing of this mini-batch is applied).
     """
     loss_fn = losses.get_policy_loss(settings.loss)
-    plan = batch.plan(settings.minibatch_size, settings.micro_batch_size)
+    plan = _plan(batch, settings)
     out = LearnerUpdate.empty(len(batch), n_updates=len(plan))
-    for m, micro_batches in enumerate(plan):
+    probes = _Probes()
+    for m, minibatch in enumerate(plan):
         optimizer.zero_grad(set_to_none=True)
-        size = sum(len(rows) for rows in micro_batches)
-        for rows in micro_batches:
-            view = batch.tokens.select(rows)
-            logp_B_T, mask_B_T = token_logprobs(agent, view, temperature=settings.temperature)
-            # HACPO: mini-batch m clips cross ratios to the stepwise bound of m (Eq. 14).
-            policy_batch = batch.policy_batch(rows, view, logp_B_T, mask_B_T, m)
-            loss, stats = loss_fn(policy_batch, params)
-            total = loss
-            ref_logp_B_T = batch.token_view(batch.ref_logp_T, rows, view)
-            if ref_logp_B_T is not None:  # KL to the reference on self samples (authors' code; not the paper)
-                kl = (low_var_kl(logp_B_T, ref_logp_B_T, mask_B_T) * policy_batch.is_self_B).sum() / len(rows)
-                total = total + settings.kl_coef * kl
-                out.kls.append(kl.item())
-            if not torch.isfinite(total):
-                raise TrainingError(f"non-finite loss {total.item()} at {where}, mini-batch {m}")
-            (total * len(rows) / size).backward()
-            out.record(rows, m, loss.item(), stats)
+        minibatch_loss, backward = 0.0, False
+        step = _Step(agent, batch, loss_fn, params, settings, out, m, minibatch.size, where)
+        for rows in minibatch.micro_batches:
+            shared = [r for r in rows if batch.old_logp_T[r] is None]  # old policy: another agent's
+            if shared and probes.worth_it():
+                clipped, clipped_loss = _clipped_rows(agent, batch, shared, m, loss_fn, params, settings, out)
+                if not math.isfinite(clipped_loss):
+                    raise TrainingError(f"non-finite loss {clipped_loss} at {where}, mini-batch {m}")
+                probes.count(len(shared), len(clipped))
+                minibatch_loss += clipped_loss / minibatch.size
+                rows = [r for r in rows if r not in set(clipped)]
+            if rows:
+                minibatch_loss += step.backward(rows)
+                backward = True
+        out.losses.append(minibatch_loss)
+        if not backward:  # no row with a gradient: the step sees zero gradients, as it would
+            for p in agent.trainable_parameters():
+                p.grad = torch.zeros_like(p)
         out.grad_norms.append(
             torch.nn.utils.clip_grad_norm_(agent.trainable_parameters(), settings.grad_clip).item()
         )
         optimizer.step()
     return out
+
+
+@dataclass(frozen=True)
+class _Step:
+    """What a micro-batch's forward and backward in mini-batch ``m`` (of ``size`` rows) needs."""
+
+    agent: Agent
+    batch: LearnerBatch
+    loss_fn: losses.PolicyLoss
+    params: LossParams
+    settings: UpdateSettings
+    out: LearnerUpdate
+    m: int
+    size: int
+    where: str
+
+    def backward(self, rows: list[int]) -> float:
+        """Forward and backward of ``rows``; records their statistics and returns their share of the
+        mini-batch's policy loss."""
+        agent, batch, m = self.agent, self.batch, self.m
+        # A checkpointed backward pass recomputes packed layers: the packed block holds it too.
+        with packed_attention(agent.model) if supports_packing(agent.model) else contextlib.nullcontext():
+            view = batch.tokens.select(rows)
+            logp_B_T, mask_B_T = token_logprobs(agent, view, temperature=self.settings.temperature)
+            # HACPO: mini-batch m clips cross ratios to the stepwise bound of m (Eq. 14).
+            policy_batch = batch.policy_batch(rows, view, logp_B_T, mask_B_T, m)
+            loss, stats = self.loss_fn(policy_batch, self.params)
+            total = loss + self.settings.kl_coef * _kl(batch, rows, view, policy_batch, self.out)
+            if not torch.isfinite(total):
+                raise TrainingError(f"non-finite loss {total.item()} at {self.where}, mini-batch {m}")
+            # The loss is a mean over the mini-batch's rows, those not forwarded included.
+            (total * len(rows) / self.size).backward()
+        self.out.record(rows, m, stats)
+        return loss.item() * len(rows) / self.size
+
+
+PROBE_BREAK_EVEN = 0.35
+"""A no-grad forward costs about 0.35 of a forward and backward (the quickstart's agents on CPU): probing
+shared rows for clipped ones pays while at least this share of the probed rows turn out clipped."""
+
+
+@dataclass
+class _Probes:
+    """Shared rows probed and found clipped so far in one learner's update (probing goes on while it pays)."""
+
+    probed: int = 0
+    clipped: int = 0
+
+    def worth_it(self) -> bool:
+        return self.probed == 0 or self.clipped >= PROBE_BREAK_EVEN * self.probed
+
+    def count(self, probed: int, clipped: int) -> None:
+        self.probed, self.clipped = self.probed + probed, self.clipped + clipped
+
+
+@torch.no_grad()
+def _clipped_rows(
+    agent: Agent,
+    batch: LearnerBatch,
+    rows: list[int],
+    m: int,
+    loss_fn: losses.PolicyLoss,
+    params: LossParams,
+    settings: UpdateSettings,
+    out: LearnerUpdate,
+) -> tuple[list[int], float]:
+    """The rows whose loss term clipping leaves without gradient (``SampleStats.clipped_B`` = 1: a shared
+    ratio outside its bounds, Eqs. 13-14, or GSPO's clipped branch), found by a no-grad pass in mini-batch
+    ``m``; they need no backward pass. Records their statistics; returns them and the sum of their (constant)
+    loss terms, which the mini-batch's loss still holds."""
+    view = batch.tokens.select(rows)
+    logp_B_T, mask_B_T = token_logprobs(agent, view, temperature=settings.temperature)
+    policy_batch = batch.policy_batch(rows, view, logp_B_T, mask_B_T, m)
+    _, stats = loss_fn(policy_batch, params)
+    clipped_B = stats.clipped_B == 1
+    if not clipped_B.any():
+        return [], 0.0
+    # Every loss term is its row's advantage times a factor: the clipped rows' terms are the loss of the
+    # micro-batch with every other advantage set to 0.
+    alone = dataclasses.replace(policy_batch, advantages_B=policy_batch.advantages_B * clipped_B)
+    loss, _ = loss_fn(alone, params)
+    clipped = [r for r, c in zip(rows, clipped_B.tolist()) if c]
+    out.record(
+        clipped,
+        m,
+        losses.SampleStats(*(getattr(stats, f.name)[clipped_B] for f in dataclasses.fields(stats))),
+    )
+    return clipped, loss.item() * len(rows)
+
+
+def _kl(
+    batch: LearnerBatch,
+    rows: list[int],
+    view: TokenBatch,
+    policy_batch: losses.PolicyBatch,
+    out: LearnerUpdate,
+) -> torch.Tensor | float:
+    """KL to the reference on the learner's own rows of a micro-batch (authors' code; not the paper):
+    their summed low_var_kl over the micro-batch's rows (so that the mini-batch's loss gets their mean over
+    its rows), or 0 without a reference. Logs the mean over the own rows."""
+    own = [b for b, r in enumerate(rows) if batch.ref_logp_T[r] is not None]
+    if not own:
+        return 0.0
+    index_B = torch.tensor(own, device=policy_batch.logp_B_T.device)
+    ref_logp_B_T = batch.token_view(batch.ref_logp_T, [rows[b] for b in own], view)
+    kl_B = low_var_kl(policy_batch.logp_B_T[index_B], ref_logp_B_T, policy_batch.mask_B_T[index_B])
+    out.kls.append(kl_B.mean().item())
+    return kl_B.sum() / len(rows)
 
 
 def learner_metrics(
@@ -235,19 +377,24 @@ def learner_metrics(
 
     ``clip_frac`` is the share of a source's samples whose gradient clipping removed (the loss's own
     definition: the clipped branch of GSPO's min, or a cross ratio outside [lb_m, 1]); for cross sources
-    ``in_range_frac`` is the share that gave gradient. With ``skipping`` (``skip_uniform_groups``) only the
-    kept samples count and ``adv/<learner>/kept_frac`` is their share. The same ratio mean and clip (or
-    in-range) share per mini-batch index m, under ``is_mb/<learner>/<source>/<m>/``, give the paper's Table 6
-    per mini-batch: cross ratios meet a tighter bound in each later mini-batch (Eq. 14).
+    ``in_range_frac`` is the share that gave gradient. The ``is/`` statistics count the samples forwarded
+    (those of advantage 0 are not, unless a KL term needs them); ``cost/<learner>/trained_*`` counts every
+    sample of the update, ``forwarded_tokens`` the response tokens forwarded. With ``skipping``
+    (``skip_uniform_groups``) only the kept samples count and ``adv/<learner>/kept_frac`` is their share.
+    The same ratio mean and clip (or in-range) share per mini-batch index m, under
+    ``is_mb/<learner>/<source>/<m>/``, give the paper's Table 6 per mini-batch: cross ratios meet a tighter
+    bound in each later mini-batch (Eq. 14).
     """
-    kept_B = ~update.ratio_B.isnan()
+    kept_B = ~update.ratio_B.isnan()  # forwarded: rows of advantage 0 have no ratio
+    response_B = batch.tokens.response_mask_B_T.sum(dim=-1)
     metrics = {
         f"loss/{name}": sum(update.losses) / max(len(update.losses), 1),
         f"grad_norm/{name}": sum(update.grad_norms) / max(len(update.grad_norms), 1),
         f"adv/{name}/mean": batch.advantages_B.mean().item(),
         f"adv/{name}/abs_mean": batch.advantages_B.abs().mean().item(),
-        f"cost/{name}/trained_responses": float(kept_B.sum().item()),
-        f"cost/{name}/trained_tokens": float(batch.tokens.response_mask_B_T[kept_B].sum().item()),
+        f"cost/{name}/trained_responses": float(batch.keep_B.sum().item()),
+        f"cost/{name}/trained_tokens": float(response_B[batch.keep_B].sum().item()),
+        f"cost/{name}/forwarded_tokens": float(response_B[kept_B].sum().item()),
         f"cost/{name}/updates": float(update.n_updates),
     }
     if skipping:

@@ -95,6 +95,7 @@ class WorkerSettings:
                 loss=method.loss,
                 minibatch_size=t.minibatch_prompts * t.group_size,
                 micro_batch_size=t.micro_batch_size,
+                micro_batch_tokens=t.micro_batch_tokens,
                 temperature=t.temperature,
                 kl_coef=t.kl_coef,
                 grad_clip=t.grad_clip,
