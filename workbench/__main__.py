@@ -9,7 +9,9 @@
 - ``reproduce [--smoke] [--only NAME ...] [--seeds ...]``: re-execute every benchmark/ablation notebook.
 - ``eval TARGET``: a run's trained agents (or a model) on benchmarks and task sources: avg@k, pass@k, best@k.
 - ``export RUN_DIR [--merged]``: each trained agent written with ``save_pretrained``.
-- ``summarize [RESULTS_ROOT]``: the results summary (tables with seeds) and, optionally, ``docs/results.md``.
+- ``summarize [RESULTS_ROOT] [--check-against COMPARISON_CSV]``: the results summary (tables with seeds)
+  and, optionally, ``docs/results.md``; ``--check-against`` checks it, as a rerun, against a committed
+  ``comparison.csv`` (each mean within 2 standard errors) into ``rerun_check.csv``.
 - ``zoo list`` / ``zoo build [NAME ...] [--ship]``: the agents shipped in ``zoo/`` and their cards; rebuild
   one on this machine and see how far it lands from the shipped card.
 
@@ -28,6 +30,10 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pandas is imported by the commands that need it
+    import pandas as pd
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported (2-core machines)
 
@@ -223,6 +229,7 @@ def _cmd_summarize(args: argparse.Namespace) -> int:
     run_dirs = find_run_dirs([root]) if root.is_dir() else []
     if not run_dirs:
         raise ConfigError(f"RESULTS_ROOT = {args.results_root!r} is not allowed: it holds no run directory")
+    committed = _committed_comparison(args.check_against, out) if args.check_against else None
     try:
         files = write_summary(run_dirs, out)
     except ValueError as exc:  # nothing finished to summarize: the message lists the runs left out
@@ -232,7 +239,45 @@ def _cmd_summarize(args: argparse.Namespace) -> int:
         log.info("  %s", path)
     if args.readme:
         log.info("updated %s", update_readme(project_path(args.readme), out))
+    if committed is not None:
+        from workbench.lab.summary import write_rerun_check
+        from workbench.lab.tables import rerun_check_line, rerun_check_markdown
+
+        check, path = write_rerun_check(committed, out)
+        log.info(
+            "\nthis summary against %s (each mean within 2 SE of the committed one):\n", args.check_against
+        )
+        log.info("%s", "\n".join(rerun_check_markdown(check)))
+        log.info("\n%s\nwrote %s", rerun_check_line(check), path)
+    elif (out / "rerun_check.csv").is_file():  # a check of an earlier summary in this folder: stale now
+        (out / "rerun_check.csv").unlink()
+        log.info("removed %s (it checked the summary this one replaced)", out / "rerun_check.csv")
     return 0
+
+
+def _committed_comparison(given: str, out: Path) -> pd.DataFrame:
+    """The ``comparison.csv`` of ``--check-against`` (a file, or the summary folder holding it), read before
+    anything is written; refused when it is missing, unreadable, or the very file this summary overwrites."""
+    from workbench.config.checks import ConfigError
+    from workbench.core.paths import project_path
+    from workbench.lab.summary import read_comparison
+
+    path = project_path(given)
+    path = path / "comparison.csv" if path.is_dir() else path
+    if not path.is_file():
+        raise ConfigError(
+            f"--check-against = {given!r} is not allowed: no such file ({path}); a comparison.csv written by "
+            "summarize, or its folder (e.g. results/summary/comparison.csv)"
+        )
+    if path.resolve() == (out / "comparison.csv").resolve():
+        raise ConfigError(
+            f"--check-against = {given!r} is not allowed: it is the comparison.csv this summary would "
+            f"overwrite (--out {out}); summarize the rerun elsewhere, e.g. --out /tmp/rerun-summary"
+        )
+    try:
+        return read_comparison(path)
+    except ValueError as exc:  # empty, not a CSV (or not UTF-8), or not a comparison
+        raise ConfigError(f"--check-against = {given!r} is not allowed: {exc}") from None
 
 
 def _cmd_zoo(args: argparse.Namespace) -> int:
@@ -334,6 +379,12 @@ def _parser() -> argparse.ArgumentParser:
     summ.add_argument("results_root", nargs="?", default="results", help="where the run directories are")
     summ.add_argument("--out", help="summary folder (default results/summary)")
     summ.add_argument("--readme", help="also rewrite the results section of this file (e.g. docs/results.md)")
+    summ.add_argument(
+        "--check-against",
+        metavar="COMPARISON_CSV",
+        help="check this summary (a rerun) against a committed comparison.csv: each mean within 2 SE; "
+        "writes rerun_check.csv",
+    )
     summ.set_defaults(func=_cmd_summarize)
     zoo = sub.add_parser("zoo", help="the shipped agents (zoo/): list them, or rebuild one on this machine")
     zoo.add_argument("action", choices=["list", "build"])

@@ -21,6 +21,9 @@
 - ``curves.csv`` and ``curves_<pair>.svg``: learning curves, mean ± std over seeds (`workbench.lab.curves`);
 - ``comparison.md``: all of it as Markdown (:func:`render_results_section`).
 
+`write_rerun_check` then compares such a summary of a rerun with the committed ``comparison.csv``
+(`workbench.lab.tables.check_rerun`: each mean within 2 standard errors) into ``rerun_check.csv``.
+
 Means and stds are over seeds; standard errors as in ``workbench.lab.stats``. A claim "holds" when Δ ≥ 0; it
 is called *resolved* only when the 95% interval of Δ excludes 0, otherwise *within noise*: no significance is
 claimed that the seeds and items do not show (``docs/statistics.md``). `update_readme` puts
@@ -48,14 +51,16 @@ from workbench.lab.frames import load_evals, load_runs, select_runs
 from workbench.lab.items import final_items, load_eval_items, read_items_csv
 from workbench.lab.provenance import read_environment, start_weights
 from workbench.lab.stats import aggregate, combine, final_and_initial, format_cell
-from workbench.lab.tables import ratio_by_minibatch, ratio_by_minibatch_markdown
+from workbench.lab.tables import check_rerun, ratio_by_minibatch, ratio_by_minibatch_markdown
 from workbench.lab.verdicts import verdict_line, verdicts
 
 __all__ = [
+    "read_comparison",
     "recompute_verdicts",
     "render_results_section",
     "tokens_vs_bytes",
     "update_readme",
+    "write_rerun_check",
     "write_summary",
 ]
 
@@ -207,6 +212,34 @@ def _final_items(run_dirs: list[Path]) -> pd.DataFrame:
     """Per-item results at each run's final evaluation, `ITEMS_FILE_COLUMNS` (empty: no run kept them)."""
     items = final_items(load_eval_items(run_dirs))
     return items.reindex(columns=list(ITEMS_FILE_COLUMNS))
+
+
+def read_comparison(path: str | Path) -> pd.DataFrame:
+    """A ``comparison.csv`` as written: names stay text (an agent called ``NA`` is no missing value), only
+    empty cells are NaN.
+
+    Raises:
+        ValueError: The file is empty or not a CSV, or lacks ``experiment``, ``method`` or ``agent``.
+    """
+    names = {"experiment": str, "method": str, "agent": str}
+    table = pd.read_csv(path, keep_default_na=False, na_values=[""], dtype=names)
+    missing = [c for c in names if c not in table.columns]
+    if missing:
+        raise ValueError(f"{path} lacks columns {missing}: not a comparison.csv written by summarize")
+    return table
+
+
+def write_rerun_check(committed: pd.DataFrame, summary_dir: str | Path) -> tuple[pd.DataFrame, Path]:
+    """Check the summary in ``summary_dir`` (a rerun) against the ``committed`` comparison
+    (`workbench.lab.tables.check_rerun`) and write the result to ``summary_dir/rerun_check.csv``.
+
+    Returns:
+        The check's table and the path written.
+    """
+    check = check_rerun(committed, read_comparison(Path(summary_dir) / "comparison.csv"))
+    path = Path(summary_dir) / "rerun_check.csv"
+    atomic_write_text(path, check.round(6).to_csv(index=False))
+    return check, path
 
 
 def recompute_verdicts(summary_dir: str | Path) -> pd.DataFrame:
