@@ -10,6 +10,7 @@ import pytest
 from fake_runs import write_run
 
 from workbench.lab import summary
+from workbench.lab.tables import RERUN_CHECK_COLUMNS, check_rerun, rerun_check_line, rerun_check_markdown
 
 
 @pytest.fixture(scope="module")
@@ -257,3 +258,117 @@ def test_runs_from_other_starting_weights_are_excluded_and_digests_committed(wit
     assert sorted(hacpo.index.get_level_values("seed").unique()) == [0, 1, 2]
     assert hacpo[(0, "a")] == "a" * 64 and hacpo[(2, "b")] == "b" * 64
     assert set(per_seed.loc[per_seed["method"] == "naive", "start_weights"]) == {""}  # older runs: unknown
+
+
+# ---------------------------------------------------------------- a rerun against the committed summary
+
+
+@pytest.fixture(scope="module")
+def rerun(results, tmp_path_factory):
+    """A rerun of `results`: the same runs, except HACPO's agent b ends at 0.90 instead of 0.70 and GSPO×2
+    was not rerun; summarized and checked against the committed comparison.csv."""
+    root = tmp_path_factory.mktemp("rerun-runs")
+    for seed in (0, 1, 2):
+        write_run(
+            root,
+            algorithm="hacpo",
+            seed=seed,
+            final=(0.50 + 0.01 * seed, 0.90),
+            avg=(0.40, 0.60),
+            in_range=0.3,
+        )
+        write_run(root, algorithm="gspo", seed=seed, final=(0.45 + 0.01 * seed, 0.72), avg=(0.38, 0.61))
+        write_run(
+            root, algorithm="hacpo", label="hacpo-bytes", ratio_normalization="bytes", seed=seed, in_range=0.8
+        )
+    out = root.parent / "rerun-summary"
+    summary.write_summary(root, out)
+    committed = summary.read_comparison(results[1] / "comparison.csv")
+    check, path = summary.write_rerun_check(committed, out)
+    return committed, out, check, path
+
+
+def test_a_rerun_equal_to_the_committed_summary_agrees_in_every_cell(results):
+    committed = summary.read_comparison(results[1] / "comparison.csv")
+    check = check_rerun(committed, summary.read_comparison(results[1] / "comparison.csv"))
+    assert list(check.columns) == list(RERUN_CHECK_COLUMNS)
+    # 4 methods x 2 agents greedy, avg@4 for the 3 methods that logged it, initial greedy and avg@4 per agent
+    # once (comparison.csv repeats them in every method's row).
+    assert len(check) == 8 + 6 + 4 and check["agrees"].all() and (check["difference"] == 0).all()
+    initial = check[check["metric"].str.startswith("initial_")]
+    assert set(initial["method"]) == {""} and sorted(initial["agent"]) == ["a", "a", "b", "b"]
+    assert check["tolerance"].tolist() == pytest.approx((2 * 2**0.5 * check["committed_se"]).tolist())
+    assert rerun_check_line(check) == "18 of 18 cells agree within 2 SE"
+
+
+def test_a_rerun_with_one_mean_beyond_the_tolerance_flags_exactly_that_cell(rerun):
+    committed, out, check, path = rerun
+    flagged = check[check["agrees"].isin([False])]  # nullable booleans: a cell not compared is <NA>
+    assert flagged[["method", "agent", "metric"]].values.tolist() == [["hacpo", "b", "greedy"]]
+    row = flagged.iloc[0]
+    old = committed.set_index(["method", "agent"]).loc[("hacpo", "b")]
+    new = summary.read_comparison(out / "comparison.csv").set_index(["method", "agent"]).loc[("hacpo", "b")]
+    assert row["difference"] == pytest.approx(0.20)
+    # se over 3 identical seeds is the binomial one: sqrt(.7 .3 / 100) and sqrt(.9 .1 / 100), tolerance 0.110.
+    tolerance = 2 * math.hypot(old["greedy_se"], new["greedy_se"])
+    assert row["tolerance"] == pytest.approx(tolerance) and row["tolerance"] == pytest.approx(
+        0.1095, abs=1e-3
+    )
+    assert check.loc[check["agrees"].notna(), "agrees"].sum() == 13  # every other compared cell agrees
+    assert rerun_check_line(check) == (
+        "13 of 14 cells agree within 2 SE; 1 outside (by chance about 1 in 20 may be); "
+        "not compared: 4 missing in rerun"
+    )
+    assert "| model | hacpo | b | greedy | 0.700 | 0.900 | +0.200 | 0.110 | **no** |" in rerun_check_markdown(
+        check
+    )
+    written = pd.read_csv(path, keep_default_na=False, na_values=[""])
+    assert (
+        path.name == "rerun_check.csv"
+        and path.parent == out
+        and list(written.columns) == list(RERUN_CHECK_COLUMNS)
+    )
+    assert len(written) == len(check) and written["agrees"].isna().sum() == 4
+
+
+def test_a_cell_in_only_one_summary_is_listed_as_missing(rerun):
+    committed, _, check, _ = rerun
+    missing = check[check["agrees"].isna()]
+    assert missing[["method", "agent", "metric"]].values.tolist() == [
+        ["gspo_x2", a, m] for a in ("a", "b") for m in ("greedy", "avgk")
+    ]
+    assert set(missing["note"]) == {"missing in rerun"} and missing["rerun_mean"].isna().all()
+    assert missing["committed_mean"].notna().all() and missing["tolerance"].isna().all()
+    # The other way round: a row the committed summary does not have.
+    extra = committed[committed["method"] == "gspo"].assign(method="naive")
+    both = check_rerun(committed, pd.concat([committed, extra], ignore_index=True))
+    naive = both[both["method"] == "naive"]
+    assert len(naive) == 4 and set(naive["note"]) == {"missing in committed"} and naive["agrees"].isna().all()
+    assert "not compared: 4 missing in committed" in rerun_check_line(both)
+
+
+def test_check_rerun_tolerance_edges_other_avgk_and_bad_tables():
+    def table(mean: float, se: float, avgk: str = "avg@4") -> pd.DataFrame:
+        return pd.DataFrame(
+            {"experiment": ["x"], "method": ["hacpo"], "agent": ["a"], "greedy_mean": [mean],
+             "greedy_se": [se], "avgk": [avgk], "avgk_mean": [0.5], "avgk_se": [0.01]}
+        )  # fmt: skip
+
+    # se 0.03 and 0.04: the difference has se 0.05, tolerance 0.10.
+    inside = check_rerun(table(0.50, 0.03), table(0.59, 0.04)).set_index("metric")
+    assert inside.loc["greedy", "tolerance"] == pytest.approx(0.10) and inside.loc["greedy", "agrees"]
+    outside = check_rerun(table(0.50, 0.03), table(0.61, 0.04)).set_index("metric")
+    assert not outside.loc["greedy", "agrees"] and outside.loc["greedy", "note"] == ""
+    assert check_rerun(table(0.5, 0.03), table(0.5, 0.03), within=1)["tolerance"].iloc[0] == pytest.approx(
+        0.03 * 2**0.5
+    )
+    other = check_rerun(table(0.5, 0.03), table(0.5, 0.03, avgk="avg@8")).set_index("metric")
+    assert pd.isna(other.loc["avgk", "agrees"]) and other.loc["avgk", "note"] == (
+        "not the same metric: avg@4 vs avg@8"
+    )
+    no_se = check_rerun(table(0.5, math.nan), table(0.5, 0.03)).set_index("metric")
+    assert pd.isna(no_se.loc["greedy", "agrees"]) and no_se.loc["greedy", "note"] == "no standard error"
+    with pytest.raises(ValueError, match="lacks columns"):
+        check_rerun(table(0.5, 0.03).drop(columns="agent"), table(0.5, 0.03))
+    with pytest.raises(ValueError, match="several rows"):
+        check_rerun(pd.concat([table(0.5, 0.03)] * 2), table(0.5, 0.03))
