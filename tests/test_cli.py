@@ -9,6 +9,7 @@ import logging
 import pandas as pd
 import pytest
 import yaml
+from fake_runs import write_run
 
 from workbench.__main__ import _seeds, main
 from workbench.agents.loading import load_agent
@@ -64,6 +65,38 @@ def test_bad_targets_of_eval_export_and_summarize_exit_2(cli, tmp_path):
     assert code == 2 and "is not allowed: a run directory holding config.yaml" in out
     code, out = cli("summarize", str(tmp_path))
     assert code == 2 and "it holds no run directory" in out
+
+
+def test_summarize_checks_a_rerun_against_a_committed_comparison(cli, tmp_path):
+    """``--check-against``: a table and "N of M cells agree within 2 SE" (exit 0), rerun_check.csv next to
+    the summary; a missing file, or the file this summary would overwrite, exits 2 before anything is
+    written. Fake run directories, no training."""
+    runs = tmp_path / "runs"
+    for algorithm, final in (("hacpo", (0.5, 0.7)), ("gspo", (0.4, 0.6))):
+        write_run(runs, algorithm=algorithm, final=final)
+    assert cli("summarize", str(runs), "--out", str(tmp_path / "committed"))[0] == 0
+    committed = tmp_path / "committed" / "comparison.csv"
+    code, out = cli(
+        "summarize", str(runs), "--out", str(tmp_path / "rerun"), "--check-against", str(committed)
+    )
+    assert code == 0, out
+    assert "| model | hacpo | a | greedy | 0.500 | 0.500 | +0.000 |" in out
+    assert "6 of 6 cells agree within 2 SE" in out  # greedy of 2 methods x 2 agents, initial greedy of 2
+    check = pd.read_csv(tmp_path / "rerun" / "rerun_check.csv")
+    assert len(check) == 6 and check["agrees"].all()
+
+    missing = tmp_path / "nope" / "comparison.csv"
+    code, out = cli(
+        "summarize", str(runs), "--out", str(tmp_path / "unwritten"), "--check-against", str(missing)
+    )
+    assert code == 2 and f"--check-against = '{missing}' is not allowed: no such file" in out
+    assert not (tmp_path / "unwritten").exists()
+    code, out = cli(
+        "summarize", str(runs), "--out", str(tmp_path / "committed"), "--check-against", str(committed)
+    )
+    assert code == 2 and "it is the comparison.csv this summary would overwrite" in out
+    code, out = cli("summarize", str(runs), "--out", str(tmp_path / "rerun"))  # no check: none left stale
+    assert code == 0 and not (tmp_path / "rerun" / "rerun_check.csv").exists()
 
 
 def test_seeds_are_distinct_non_negative_integers():

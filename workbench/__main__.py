@@ -265,8 +265,9 @@ def _committed_comparison(given: str, out: Path) -> pd.DataFrame:
     path = project_path(given)
     path = path / "comparison.csv" if path.is_dir() else path
     if not path.is_file():
+        where = "" if str(path) == given else f" ({path})"
         raise ConfigError(
-            f"--check-against = {given!r} is not allowed: no such file ({path}); a comparison.csv written by "
+            f"--check-against = {given!r} is not allowed: no such file{where}; a comparison.csv written by "
             "summarize, or its folder (e.g. results/summary/comparison.csv)"
         )
     if path.resolve() == (out / "comparison.csv").resolve():
