@@ -98,7 +98,7 @@ WARM_STARTS: dict[str, WarmStart] = {
         description="SmolLM2-135M-Instruct, LoRA SFT on two-digit addsub2 worked solutions (ChatML)",
     ),
     "gemma3-addsub2": WarmStart(
-        base="gemma3-270m", knobs=ARITH2, steps=100, lr=2e-4,
+        base="gemma3-270m", knobs=ARITH2, steps=150, lr=3e-4,
         description="Gemma-3-270M base, LoRA SFT on two-digit addsub2 worked solutions (plain Q/A format)",
     ),
 }  # fmt: skip
