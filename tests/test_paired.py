@@ -1,4 +1,4 @@
-"""The paired test of two methods on the same held-out items (workbench.lab.stats.paired_bootstrap), and the
+"""The paired test of two methods on the same held-out items (workbench.lab.paired.paired_bootstrap), and the
 unpaired rule it falls back to, on hand-checkable cases."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from workbench.lab.stats import paired_bootstrap, unpaired_difference
+from workbench.lab.paired import paired_bootstrap, unpaired_difference
 
 
 def _rows(method: str, values_S_I: list[list[float]] | np.ndarray) -> pd.DataFrame:

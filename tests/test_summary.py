@@ -1,4 +1,5 @@
-"""The committed summary (workbench.lab.summary) from tiny fake run directories: no training."""
+"""The committed summary (workbench.lab.summary), its Markdown (workbench.lab.results_section) and the check
+of a rerun against it (workbench.lab.rerun), from tiny fake run directories: no training."""
 
 from __future__ import annotations
 
@@ -10,7 +11,15 @@ import pytest
 from fake_runs import write_run
 
 from workbench.lab import summary
-from workbench.lab.tables import RERUN_CHECK_COLUMNS, check_rerun, rerun_check_line, rerun_check_markdown
+from workbench.lab.rerun import (
+    RERUN_CHECK_COLUMNS,
+    check_rerun,
+    read_comparison,
+    rerun_check_line,
+    rerun_check_markdown,
+    write_rerun_check,
+)
+from workbench.lab.results_section import render_results_section, update_readme
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +128,7 @@ def test_ratios_per_minibatch_index_table_6_shape(results):
 
 def test_markdown_section_and_readme_markers(results, tmp_path):
     _, out, _ = results
-    text = summary.render_results_section(out)
+    text = render_results_section(out)
     assert "mean ± std over 3 seeds" in text and "| a | initial | 0.400 ± 0.000 |" in text
     assert "|  | HACPO | 0.510 ± 0.010 | 0.400 ± 0.000 | 3 | 128 | 256 | 8 s |" in text
     assert "- a, greedy: HACPO ≥ GSPO on the mean — 0.510 ± 0.010 vs 0.460 ± 0.010 (Δ = +0.050" in text
@@ -128,17 +137,17 @@ def test_markdown_section_and_readme_markers(results, tmp_path):
     assert (out / "comparison.md").read_text() == text
     readme = tmp_path / "README.md"
     readme.write_text("# X\n\n## Results\n<!-- results:start -->\nSTALE\n<!-- results:end -->\n\n## Next\n")
-    summary.update_readme(readme, out)
+    update_readme(readme, out)
     new = readme.read_text()
-    here = summary.render_results_section(out, link_from=tmp_path)  # figure links from the README's folder
+    here = render_results_section(out, link_from=tmp_path)  # figure links from the README's folder
     assert "STALE" not in new and here in new and new.endswith("<!-- results:end -->\n\n## Next\n")
     for link in re.findall(r"\]\(([^)]+\.svg)\)", new):
         assert (tmp_path / link).is_file(), link
-    summary.update_readme(readme, out)
+    update_readme(readme, out)
     assert readme.read_text() == new  # idempotent
     readme.write_text("no markers")
     with pytest.raises(ValueError, match="results:start"):
-        summary.update_readme(readme, out)
+        update_readme(readme, out)
 
 
 def test_one_seed_is_called_a_smoke_test(tmp_path):
@@ -283,14 +292,14 @@ def rerun(results, tmp_path_factory):
         )
     out = root.parent / "rerun-summary"
     summary.write_summary(root, out)
-    committed = summary.read_comparison(results[1] / "comparison.csv")
-    check, path = summary.write_rerun_check(committed, out)
+    committed = read_comparison(results[1] / "comparison.csv")
+    check, path = write_rerun_check(committed, out)
     return committed, out, check, path
 
 
 def test_a_rerun_equal_to_the_committed_summary_agrees_in_every_cell(results):
-    committed = summary.read_comparison(results[1] / "comparison.csv")
-    check = check_rerun(committed, summary.read_comparison(results[1] / "comparison.csv"))
+    committed = read_comparison(results[1] / "comparison.csv")
+    check = check_rerun(committed, read_comparison(results[1] / "comparison.csv"))
     assert list(check.columns) == list(RERUN_CHECK_COLUMNS)
     # 4 methods x 2 agents greedy, avg@4 for the 3 methods that logged it, initial greedy and avg@4 per agent
     # once (comparison.csv repeats them in every method's row).
@@ -307,7 +316,7 @@ def test_a_rerun_with_one_mean_beyond_the_tolerance_flags_exactly_that_cell(reru
     assert flagged[["method", "agent", "metric"]].values.tolist() == [["hacpo", "b", "greedy"]]
     row = flagged.iloc[0]
     old = committed.set_index(["method", "agent"]).loc[("hacpo", "b")]
-    new = summary.read_comparison(out / "comparison.csv").set_index(["method", "agent"]).loc[("hacpo", "b")]
+    new = read_comparison(out / "comparison.csv").set_index(["method", "agent"]).loc[("hacpo", "b")]
     assert row["difference"] == pytest.approx(0.20)
     # se over 3 identical seeds is the binomial one: sqrt(.7 .3 / 100) and sqrt(.9 .1 / 100), tolerance 0.110.
     tolerance = 2 * math.hypot(old["greedy_se"], new["greedy_se"])

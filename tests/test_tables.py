@@ -10,7 +10,8 @@ import yaml
 
 from workbench.lab import stats
 from workbench.lab.latex import to_latex
-from workbench.lab.tables import alpha_table, paper_table, ratio_stats_table
+from workbench.lab.ratios import ratio_stats_table
+from workbench.lab.tables import alpha_table, paper_table
 
 A1, A2 = "char-gpt2", "bpe-llama"
 BENCHES = ("arith", "gsm")

@@ -222,7 +222,8 @@ def _cmd_summarize(args: argparse.Namespace) -> int:
     from workbench.config.checks import ConfigError
     from workbench.core.paths import project_path
     from workbench.lab.frames import find_run_dirs
-    from workbench.lab.summary import update_readme, write_summary
+    from workbench.lab.results_section import update_readme
+    from workbench.lab.summary import write_summary
 
     root = project_path(args.results_root)
     out = Path(args.out) if args.out else project_path("results/summary")
@@ -240,8 +241,7 @@ def _cmd_summarize(args: argparse.Namespace) -> int:
     if args.readme:
         log.info("updated %s", update_readme(project_path(args.readme), out))
     if committed is not None:
-        from workbench.lab.summary import write_rerun_check
-        from workbench.lab.tables import rerun_check_line, rerun_check_markdown
+        from workbench.lab.rerun import rerun_check_line, rerun_check_markdown, write_rerun_check
 
         check, path = write_rerun_check(committed, out)
         log.info(
@@ -260,7 +260,7 @@ def _committed_comparison(given: str, out: Path) -> pd.DataFrame:
     anything is written; refused when it is missing, unreadable, or the very file this summary overwrites."""
     from workbench.config.checks import ConfigError
     from workbench.core.paths import project_path
-    from workbench.lab.summary import read_comparison
+    from workbench.lab.rerun import read_comparison
 
     path = project_path(given)
     path = path / "comparison.csv" if path.is_dir() else path

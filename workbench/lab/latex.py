@@ -142,8 +142,8 @@ def to_latex(
     last index level is printed as the row name.
 
     Args:
-        table: From :func:`paper_table`, :func:`alpha_table` or :func:`ratio_stats_table` (stat tables), or
-            any plain numeric table.
+        table: From ``workbench.lab.tables`` (:func:`paper_table`, :func:`alpha_table`) or
+            ``workbench.lab.ratios`` (:func:`ratio_stats_table`): stat tables; or any plain numeric table.
         path: Target ``.tex`` path; the CSV goes beside it with the suffix ``.csv``.
         caption: The LaTeX caption (escaped).
         label: The LaTeX label (``"tab:main"``), written verbatim.

@@ -25,7 +25,7 @@ import pandas as pd
 
 from workbench.config.methods import methods_in
 from workbench.core.io import atomic_write_text
-from workbench.lab import latex, plots, stats, tables
+from workbench.lab import latex, plots, ratios, stats, tables
 from workbench.lab.explore import capability_table, cross_weight_table
 from workbench.lab.frames import EXCLUDED_COLUMNS, load_evals, load_runs, select_runs
 
@@ -206,7 +206,7 @@ def ablation_report(run_dirs: RunDirs, out_dir: str | Path) -> Report:
     if not hacpo_runs.empty:
         report.add_table(
             "table6",
-            lambda: tables.ratio_stats_table(hacpo_runs),
+            lambda: ratios.ratio_stats_table(hacpo_runs),
             out_dir,
             "Importance-ratio statistics of HACPO (Table 6)",
             best=None,

@@ -1,4 +1,4 @@
-"""The committed summary of a comparison: small CSV + Markdown files, and the Results section made of them.
+"""The committed summary of a comparison: small CSV files and their Markdown (``comparison.md``).
 
 `write_summary` reads finished run directories (never trains), keeps the runs that may be averaged
 (``workbench.lab.frames.select_runs``) and writes under ``out_dir`` (e.g. ``results/summary/``):
@@ -14,21 +14,21 @@
 - ``items.csv.gz``, one row per run × agent × held-out item at the run's final evaluation: greedy
   correctness and correct samples out of k (what the paired verdicts are computed from, `recompute_verdicts`);
 - ``ratios_by_minibatch.csv``: mean sequence ratio and in-band share per direction and mini-batch index m
-  (`workbench.lab.tables.ratio_by_minibatch`);
+  (`workbench.lab.ratios.ratio_by_minibatch`);
 - ``tokens_vs_bytes.csv`` (when ``hacpo-bytes`` runs exist), per pair × normalization × learner: in-band
   fraction of cross samples and final accuracy;
 - ``excluded.csv``: runs left out and why;
 - ``curves.csv`` and ``curves_<pair>.svg``: learning curves, mean ± std over seeds (`workbench.lab.curves`);
-- ``comparison.md``: all of it as Markdown (:func:`render_results_section`).
+- ``comparison.md``: all of it as Markdown (`workbench.lab.results_section.render_results_section`).
 
-`write_rerun_check` then compares such a summary of a rerun with the committed ``comparison.csv``
-(`workbench.lab.tables.check_rerun`: each mean within 2 standard errors) into ``rerun_check.csv``.
+`workbench.lab.rerun` then compares such a summary of a rerun with the committed ``comparison.csv`` (each mean
+within 2 standard errors) into ``rerun_check.csv``.
 
 Means and stds are over seeds; standard errors as in ``workbench.lab.stats``. A claim "holds" when Δ ≥ 0; it
 is called *resolved* only when the 95% interval of Δ excludes 0, otherwise *within noise*: no significance is
-claimed that the seeds and items do not show (``docs/statistics.md``). `update_readme` puts
-:func:`render_results_section` between ``<!-- results:start -->`` and ``<!-- results:end -->`` of a
-Markdown file (``make pairs``: ``docs/results.md``).
+claimed that the seeds and items do not show (``docs/statistics.md``). The same Markdown goes between
+``<!-- results:start -->`` and ``<!-- results:end -->`` of a Markdown file (``make pairs``:
+``docs/results.md``, `workbench.lab.results_section.update_readme`).
 """
 
 from __future__ import annotations
@@ -36,37 +36,27 @@ from __future__ import annotations
 import gzip
 import logging
 import math
-import os
 from collections.abc import Iterable
 from pathlib import Path
 
 import pandas as pd
 
-from workbench.config.methods import method_label, method_sort_key
+from workbench.config.methods import method_sort_key
 from workbench.core.io import atomic_write_bytes, atomic_write_text
-from workbench.core.paths import PROJECT_ROOT
 from workbench.lab.accuracy import final_accuracy
 from workbench.lab.curves import write_curves
 from workbench.lab.frames import load_evals, load_runs, select_runs
 from workbench.lab.items import final_items, load_eval_items, read_items_csv
 from workbench.lab.provenance import read_environment, start_weights
-from workbench.lab.stats import aggregate, combine, final_and_initial, format_cell
-from workbench.lab.tables import check_rerun, ratio_by_minibatch, ratio_by_minibatch_markdown
-from workbench.lab.verdicts import verdict_line, verdicts
+from workbench.lab.ratios import ratio_by_minibatch
+from workbench.lab.results_section import render_results_section
+from workbench.lab.stats import aggregate, combine, final_and_initial
+from workbench.lab.verdicts import verdicts
 
-__all__ = [
-    "read_comparison",
-    "recompute_verdicts",
-    "render_results_section",
-    "tokens_vs_bytes",
-    "update_readme",
-    "write_rerun_check",
-    "write_summary",
-]
+__all__ = ["recompute_verdicts", "tokens_vs_bytes", "write_summary"]
 
 log = logging.getLogger(__name__)
 
-START, END = "<!-- results:start -->", "<!-- results:end -->"
 PER_SEED_COLUMNS = (
     "experiment", "method", "seed", "agent", "metric", "initial", "final", "items", "run", "code_version",
     "start_weights",
@@ -214,34 +204,6 @@ def _final_items(run_dirs: list[Path]) -> pd.DataFrame:
     return items.reindex(columns=list(ITEMS_FILE_COLUMNS))
 
 
-def read_comparison(path: str | Path) -> pd.DataFrame:
-    """A ``comparison.csv`` as written: names stay text (an agent called ``NA`` is no missing value), only
-    empty cells are NaN.
-
-    Raises:
-        ValueError: The file is empty or not a CSV, or lacks ``experiment``, ``method`` or ``agent``.
-    """
-    names = {"experiment": str, "method": str, "agent": str}
-    table = pd.read_csv(path, keep_default_na=False, na_values=[""], dtype=names)
-    missing = [c for c in names if c not in table.columns]
-    if missing:
-        raise ValueError(f"{path} lacks columns {missing}: not a comparison.csv written by summarize")
-    return table
-
-
-def write_rerun_check(committed: pd.DataFrame, summary_dir: str | Path) -> tuple[pd.DataFrame, Path]:
-    """Check the summary in ``summary_dir`` (a rerun) against the ``committed`` comparison
-    (`workbench.lab.tables.check_rerun`) and write the result to ``summary_dir/rerun_check.csv``.
-
-    Returns:
-        The check's table and the path written.
-    """
-    check = check_rerun(committed, read_comparison(Path(summary_dir) / "comparison.csv"))
-    path = Path(summary_dir) / "rerun_check.csv"
-    atomic_write_text(path, check.round(6).to_csv(index=False))
-    return check, path
-
-
 def recompute_verdicts(summary_dir: str | Path) -> pd.DataFrame:
     """``verdicts.csv`` recomputed from the summary's own files (``comparison.csv``, ``per_seed.csv`` and
     ``items.csv.gz``): what a reader runs to check the committed verdicts without any run directory."""
@@ -299,146 +261,3 @@ def write_summary(run_dirs: Iterable[Path | str] | Path | str, out_dir: str | Pa
     atomic_write_text(markdown, render_results_section(out_dir))
     log.info("wrote %s", ", ".join(str(p) for p in [*written, markdown]))
     return [*written, markdown]
-
-
-# ---------------------------------------------------------------- Markdown
-
-
-def _cell(row: pd.Series, prefix: str) -> str:
-    n = int(row["n"]) if not pd.isna(row["n"]) else 0
-    return format_cell(row.get(f"{prefix}_mean", math.nan), row.get(f"{prefix}_std", math.nan), n)
-
-
-def _number(value: float, digits: int = 0) -> str:
-    return "—" if pd.isna(value) else f"{value:,.{digits}f}"
-
-
-def _pair_table(group: pd.DataFrame) -> list[str]:
-    avg = next((a for a in group["avgk"] if isinstance(a, str) and a), "")
-    head = [
-        "agent",
-        "method",
-        "greedy",
-        *([avg] if avg else []),
-        "n",
-        "rollouts generated",
-        "trained on",
-        "wall",
-    ]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for agent, rows in group.groupby("agent", sort=False):
-        first = rows.iloc[0]
-        start = ["initial", _cell(first, "initial_greedy")] + ([_cell(first, "initial_avgk")] if avg else [])
-        lines.append("| " + " | ".join([agent, *start, str(int(first["n"])), "", "", ""]) + " |")
-        for _, row in rows.iterrows():
-            cells = [_cell(row, "greedy"), *([_cell(row, "avgk")] if avg else []), str(int(row["n"]))]
-            cost = [_number(row["generated"]), _number(row["trained"]), _number(row["wall_s_mean"]) + " s"]
-            lines.append("| " + " | ".join(["", method_label(row["method"]), *cells, *cost]) + " |")
-    return lines
-
-
-def render_results_section(summary_dir: str | Path, link_from: str | Path | None = None) -> str:
-    """Markdown of the files :func:`write_summary` wrote: per pair a table, the verdicts, tokens vs bytes,
-    the excluded runs, and how the numbers are made (the generated section of ``docs/results.md``).
-
-    Args:
-        summary_dir: The folder `write_summary` wrote.
-        link_from: The folder of the Markdown file the section goes into: figure links are relative to it
-            (None = ``summary_dir`` itself, as for its own ``comparison.md``).
-    """
-    summary_dir = Path(summary_dir)
-    shown = _shown(summary_dir)
-    figures = Path(
-        os.path.relpath(summary_dir.resolve(), Path(link_from or summary_dir).resolve())
-    ).as_posix()
-    table = pd.read_csv(summary_dir / "comparison.csv", keep_default_na=False, na_values=[""])
-    verdicts = _read_optional(summary_dir / "verdicts.csv")
-    ns = sorted({int(n) for n in table["n"]})
-    seeds = f"{ns[0]} seed{'s' if ns[0] > 1 else ''}" if len(ns) == 1 else f"{ns[0]}–{ns[-1]} seeds"
-    lines = [
-        f"Generated by `workbench.lab.summary` from `{shown}/` (do not edit by hand). "
-        f"Final held-out accuracy, mean ± std over {seeds} (n per row); rollouts and responses trained on "
-        "are per agent over the whole run, wall time per run (all agents).",
-    ]
-    if ns == [1]:
-        lines[0] += " **1 seed: a smoke test, not a result.**"
-    for exp, group in table.groupby("experiment", sort=False):
-        lines += ["", f"**{exp}**", "", *_pair_table(group)]
-        figure = summary_dir / f"curves_{exp}.svg"
-        if figure.is_file():
-            lines += [
-                "",
-                f"![{exp}: held-out accuracy over steps, mean ± std over seeds]({figures}/{figure.name})",
-            ]
-        mine = verdicts[verdicts["experiment"] == exp] if len(verdicts) else verdicts
-        if len(mine):
-            lines += ["", *(verdict_line(v) for _, v in mine.iterrows())]
-    bytes_table = _read_optional(summary_dir / "tokens_vs_bytes.csv")
-    if len(bytes_table):
-        lines += [
-            "",
-            "**Tokens vs bytes** (cross-sample ratio normalization; in-band: share of cross samples in "
-            "[lb, 1], averaged over steps, mean ± std over seeds)",
-            "",
-            "| pair | learner | source | normalization | in-band | greedy | n |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        for _, r in bytes_table.iterrows():
-            n = int(r["n"])
-            lines.append(
-                f"| {r['experiment']} | {r['learner']} | {r['source']} | {r['normalization']} | "
-                f"{format_cell(r['in_band_mean'], r['in_band_std'], n)} | "
-                f"{format_cell(r.get('greedy_mean', math.nan), r.get('greedy_std', math.nan), n)} | {n} |"
-            )
-    by_minibatch = _read_optional(summary_dir / "ratios_by_minibatch.csv")
-    if len(by_minibatch):
-        lines += ["", "**Importance ratios per mini-batch** (the paper's Table 6, per mini-batch index m)"]
-        lines += ratio_by_minibatch_markdown(by_minibatch[by_minibatch["method"] != "gspo"])
-    excluded = _read_optional(summary_dir / "excluded.csv")
-    lines += ["", f"Excluded runs: {len(excluded) if len(excluded) else 'none'}."]
-    for _, r in excluded.iterrows():
-        lines.append(f"- `{Path(str(r['run_dir'])).name}` ({r['experiment']}, {r['method']}): {r['reason']}")
-    lines += [
-        "",
-        "How the numbers are made (`docs/statistics.md`): standard errors are binomial per run on the "
-        "held-out items (for avg@k an upper bound), combined over seeds as sqrt(std²/n + mean se²). Each "
-        "claim — HACPO ≥ GSPO, HACPO ≥ GSPO×2 (half of its rollouts), HACPO ≥ Naive (sharing without "
-        "HACPO's corrections) — *holds* when Δ ≥ 0 and is *resolved* only when the 95% interval of Δ "
-        "excludes 0. The test is paired when every run kept its per-item results: runs of two methods with "
-        "the same seed answer the same held-out items, and a bootstrap over seeds, then items, of the "
-        "per-item difference gives the interval and p. Otherwise it is unpaired: Δ ± 2 SE from the per-seed "
-        "differences of the final values (each with SE sqrt(SE_HACPO² + SE_other²)). Each run's values are "
-        "in `per_seed.csv`, the per-item results in `items.csv.gz`.",
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def _shown(summary_dir: Path) -> str:
-    """``summary_dir`` as a link: relative to the project root when inside it."""
-    try:
-        return summary_dir.resolve().relative_to(PROJECT_ROOT).as_posix()
-    except ValueError:
-        return summary_dir.as_posix()
-
-
-def _read_optional(path: Path) -> pd.DataFrame:
-    if not path.is_file() or not path.read_text(encoding="utf-8").strip():
-        return pd.DataFrame()
-    return pd.read_csv(path)
-
-
-def update_readme(readme: str | Path, summary_dir: str | Path) -> Path:
-    """Replace the text between ``<!-- results:start -->`` and ``<!-- results:end -->`` of ``readme`` with
-    :func:`render_results_section`.
-
-    Raises:
-        ValueError: The markers are missing or out of order.
-    """
-    readme = Path(readme)
-    text = readme.read_text(encoding="utf-8")
-    start, end = text.find(START), text.find(END)
-    if start < 0 or end < start:
-        raise ValueError(f"{readme}: needs {START} ... {END} (in this order) around the results section")
-    body = render_results_section(summary_dir, link_from=readme.parent)
-    atomic_write_text(readme, text[: start + len(START)] + "\n" + body + text[end:])
-    return readme

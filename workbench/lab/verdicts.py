@@ -4,10 +4,10 @@ Each claim ("HACPO ≥ GSPO") *holds* when Δ = HACPO − baseline ≥ 0 and is 
 of Δ excludes 0. When every run of both methods kept its per-item results (``eval_items.csv``), the test is
 paired: runs of the two methods with the same seed answered the same held-out items, so Δ and its interval
 come from a hierarchical bootstrap over seeds and items of the per-item difference
-(`workbench.lab.stats.paired_bootstrap`). Otherwise (runs made before per-item results were kept) it falls
+(`workbench.lab.paired.paired_bootstrap`). Otherwise (runs made before per-item results were kept) it falls
 back to the seeds' final values: Δ and its standard error from the per-seed gains
 (`workbench.lab.accuracy.seed_gains`, the gain the demo's table shows), the interval Δ ± 2 SE
-(`workbench.lab.stats.unpaired_difference`), and the verdict's ``test`` column says ``unpaired`` (items not
+(`workbench.lab.paired.unpaired_difference`), and the verdict's ``test`` column says ``unpaired`` (items not
 paired). ``docs/statistics.md`` explains both.
 """
 
@@ -20,7 +20,8 @@ import pandas as pd
 from workbench.config.methods import method_label
 from workbench.lab.accuracy import seed_gains
 from workbench.lab.items import item_scores
-from workbench.lab.stats import binomial_se, combine, format_cell, paired_bootstrap, unpaired_difference
+from workbench.lab.paired import paired_bootstrap, unpaired_difference
+from workbench.lab.stats import binomial_se, combine, format_cell
 
 __all__ = ["CLAIMS", "VERDICT_COLUMNS", "verdict_line", "verdicts"]
 

@@ -15,7 +15,7 @@ runs any agent, in any state, on a list of task items through ``workbench.agents
 `EvalResult.item_rows` reduces the samples to one row per agent, benchmark and item: whether the greedy
 response is correct (0/1) and how many of the k sampled responses are (reward > 0.5, as pass@k counts them);
 the trainer keeps these rows in ``eval_items.csv`` of the run directory, for paired tests between methods
-evaluated on the same items (`workbench.lab.stats.paired_bootstrap`).
+evaluated on the same items (`workbench.lab.paired.paired_bootstrap`).
 
 During training, `held_out_sets` gives the sets the trainer evaluates every ``train.eval_every`` steps: the
 main one (``task.eval_source``; metrics ``eval/acc/<agent>``, ``eval/avg@k/<agent>``) and one per
