@@ -34,7 +34,7 @@ test: $(STAMP)
 
 # The tiny pairs' comparison behind docs/results.md: the state, size and model pairs under HACPO, GSPO, GSPO×2
 # and Naive, plus HACPO with byte-normalized ratios on the model pair, 3 seeds each (experiments/pairs/*.yaml),
-# then the committed summary (results/summary/) and the generated section of docs/results.md. ≈2-3 h on 2
+# then the committed summary (results/summary/) and the generated section of docs/results.md. ≈1-2 h on 2
 # cores; rerunning it resumes or skips finished runs.
 PAIR_METHODS ?= hacpo gspo gspo_x2 naive
 pairs: $(STAMP)
