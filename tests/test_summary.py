@@ -22,24 +22,30 @@ from workbench.lab.rerun import (
 from workbench.lab.results_section import render_results_section, update_readme
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    """Three seeds of HACPO, GSPO, GSPO×2 and HACPO (bytes) on one pair, and two runs to be left out."""
-    root = tmp_path_factory.mktemp("runs")
+def _write_seeds(root, *, hacpo_b_final: float, gspo_x2: bool) -> None:
+    """Seeds 0-2 of HACPO (agent b ends at ``hacpo_b_final``), GSPO, HACPO (bytes) and optionally GSPO×2."""
     for seed in (0, 1, 2):
         write_run(
             root,
             algorithm="hacpo",
             seed=seed,
-            final=(0.50 + 0.01 * seed, 0.70),
+            final=(0.50 + 0.01 * seed, hacpo_b_final),
             avg=(0.40, 0.60),
             in_range=0.3,
         )
         write_run(root, algorithm="gspo", seed=seed, final=(0.45 + 0.01 * seed, 0.72), avg=(0.38, 0.61))
-        write_run(root, algorithm="gspo_x2", seed=seed, final=(0.55, 0.71), avg=(0.42, 0.62), step_s=3.0)
+        if gspo_x2:
+            write_run(root, algorithm="gspo_x2", seed=seed, final=(0.55, 0.71), avg=(0.42, 0.62), step_s=3.0)
         write_run(
             root, algorithm="hacpo", label="hacpo-bytes", ratio_normalization="bytes", seed=seed, in_range=0.8
         )
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    """Three seeds of HACPO, GSPO, GSPO×2 and HACPO (bytes) on one pair, and two runs to be left out."""
+    root = tmp_path_factory.mktemp("runs")
+    _write_seeds(root, hacpo_b_final=0.70, gspo_x2=True)
     write_run(root, algorithm="hacpo", seed=3, done=False)
     write_run(root, algorithm="gspo", seed=3, version=None)
     out = root.parent / "summary"
@@ -277,19 +283,7 @@ def rerun(results, tmp_path_factory):
     """A rerun of `results`: the same runs, except HACPO's agent b ends at 0.90 instead of 0.70 and GSPO×2
     was not rerun; summarized and checked against the committed comparison.csv."""
     root = tmp_path_factory.mktemp("rerun-runs")
-    for seed in (0, 1, 2):
-        write_run(
-            root,
-            algorithm="hacpo",
-            seed=seed,
-            final=(0.50 + 0.01 * seed, 0.90),
-            avg=(0.40, 0.60),
-            in_range=0.3,
-        )
-        write_run(root, algorithm="gspo", seed=seed, final=(0.45 + 0.01 * seed, 0.72), avg=(0.38, 0.61))
-        write_run(
-            root, algorithm="hacpo", label="hacpo-bytes", ratio_normalization="bytes", seed=seed, in_range=0.8
-        )
+    _write_seeds(root, hacpo_b_final=0.90, gspo_x2=False)
     out = root.parent / "rerun-summary"
     summary.write_summary(root, out)
     committed = read_comparison(results[1] / "comparison.csv")
