@@ -70,3 +70,7 @@ def test_the_recipe_prompts_each_agent_as_its_warm_start_was_trained():
     smol, gemma = warm_start_mismatches(changed)  # the instruction is both agents' prompt
     assert smol.startswith("agents[0]") and "system = None" in smol and "task.instruction = 'Think.'" in smol
     assert gemma.startswith("agents[1]") and "system" not in gemma and "task.instruction" in gemma
+    # training on part of the warm start's regime (a curriculum) is the same prompt; another regime is not
+    assert warm_start_mismatches(load_experiment(REAL_PAIR, {"task.knobs.n_ops": [1, 1]})) == []
+    other = warm_start_mismatches(load_experiment(REAL_PAIR, {"task.knobs.regime": "addsub"}))
+    assert len(other) == 2 and all("regime = 'addsub' (trained on 'addsub2')" in line for line in other)

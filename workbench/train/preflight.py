@@ -168,8 +168,10 @@ def warm_start_mismatches(cfg: ExperimentConfig) -> list[str]:
             differ.append(
                 f"task.instruction = {cfg.task.instruction!r} (trained with {preset.instruction!r})"
             )
-        if cfg.task.source == "embedded" and dict(cfg.task.knobs) != preset.knobs:
-            differ.append(f"task.knobs = {dict(cfg.task.knobs)!r} (trained on {preset.knobs!r})")
+        # Another regime is another task; narrower knobs within the regime (a curriculum) are not flagged.
+        regime = cfg.task.knobs.get("regime")
+        if cfg.task.source == "embedded" and regime != preset.knobs.get("regime"):
+            differ.append(f"task.knobs regime = {regime!r} (trained on {preset.knobs['regime']!r})")
         if differ:
             lines.append(
                 f"agents[{i}] ({spec.model}) is prompted unlike its warm start: " + "; ".join(differ)

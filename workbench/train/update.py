@@ -247,7 +247,8 @@ def update_learner(
                     raise TrainingError(f"non-finite loss {clipped_loss} at {where}, mini-batch {m}")
                 probes.count(len(shared), len(clipped))
                 minibatch_loss += clipped_loss / minibatch.size
-                rows = [r for r in rows if r not in set(clipped)]
+                no_grad = set(clipped)
+                rows = [r for r in rows if r not in no_grad]
             if rows:
                 minibatch_loss += step.backward(rows)
                 backward = True
