@@ -47,7 +47,7 @@ pairs: $(STAMP)
 
 # The real pair's comparison (experiments/real_pair.yaml: warm-started SmolLM2-135M-Instruct + Gemma-3-270M,
 # LoRA, CPU): GSPO, GSPO×2, HACPO and HACPO with byte-normalized ratios, 3 seeds each, then its committed
-# summary (results/summary/real_pair/). Several hours on 2 cores; rerunning it resumes or skips finished runs.
+# summary (results/summary/real_pair/). About 6-7 h on 2 cores; rerunning it resumes or skips finished runs.
 REAL_PAIR_METHODS ?= gspo hacpo gspo_x2
 real-pair: $(STAMP)
 	for method in $(REAL_PAIR_METHODS); do \

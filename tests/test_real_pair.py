@@ -56,7 +56,7 @@ def test_every_worked_solution_fits_the_recipes_length_cap(real_pair):
     cfg = load_experiment(REAL_PAIR)
     items = embedded_task("train", 2000, seed=0, **cfg.task.knobs)
     longest = max(items, key=lambda item: len(item.solution)).solution
-    worst = "99+99=198, 198+99=297, 297+99=396. \\boxed{396}"
+    worst = {"addsub": "9+9=18, 18+9=27, 27+9=36. \\boxed{36}"}[cfg.task.knobs["regime"]]
     for agent in real_pair:
         lengths = [len(agent.tokenizer.encode(s, add_special_tokens=False)) + 1 for s in (longest, worst)]
         assert max(lengths) <= cfg.train.max_new_tokens, (agent.name, lengths)
@@ -70,7 +70,6 @@ def test_the_recipe_prompts_each_agent_as_its_warm_start_was_trained():
     smol, gemma = warm_start_mismatches(changed)  # the instruction is both agents' prompt
     assert smol.startswith("agents[0]") and "system = None" in smol and "task.instruction = 'Think.'" in smol
     assert gemma.startswith("agents[1]") and "system" not in gemma and "task.instruction" in gemma
-    # training on part of the warm start's regime (a curriculum) is the same prompt; another regime is not
-    assert warm_start_mismatches(load_experiment(REAL_PAIR, {"task.knobs.n_ops": [1, 1]})) == []
-    other = warm_start_mismatches(load_experiment(REAL_PAIR, {"task.knobs.regime": "addsub"}))
-    assert len(other) == 2 and all("regime = 'addsub' (trained on 'addsub2')" in line for line in other)
+    # the problems asked are not the prompt format: other knobs than the warm start's are not flagged
+    assert WARM_STARTS["smollm2-addsub2"].knobs != dict(cfg.task.knobs)
+    assert warm_start_mismatches(load_experiment(REAL_PAIR, {"task.knobs.regime": "addsub2"})) == []
