@@ -12,7 +12,7 @@ from workbench.config.agent_spec import AgentSpec
 from workbench.config.loading import load_experiment
 from workbench.core.paths import PROJECT_ROOT
 from workbench.core.types import Rollout
-from workbench.tasks.arithmetic import embedded_task
+from workbench.tasks.arithmetic import REGIMES, embedded_solution, embedded_task
 from workbench.tasks.rewards import grade
 from workbench.train.preflight import warm_start_mismatches
 
@@ -56,7 +56,8 @@ def test_every_worked_solution_fits_the_recipes_length_cap(real_pair):
     cfg = load_experiment(REAL_PAIR)
     items = embedded_task("train", 2000, seed=0, **cfg.task.knobs)
     longest = max(items, key=lambda item: len(item.solution)).solution
-    worst = {"addsub": "9+9=18, 18+9=27, 27+9=36. \\boxed{36}"}[cfg.task.knobs["regime"]]
+    regime = REGIMES[cfg.task.knobs["regime"]]  # the longest sum: the largest operand, every operation
+    worst, _ = embedded_solution("+".join([str(regime.max_operand)] * (regime.n_ops[1] + 1)))
     for agent in real_pair:
         lengths = [len(agent.tokenizer.encode(s, add_special_tokens=False)) + 1 for s in (longest, worst)]
         assert max(lengths) <= cfg.train.max_new_tokens, (agent.name, lengths)
