@@ -1,6 +1,7 @@
-"""`make gpu-check`: every GPU check in one run, into one report (one H200-class GPU, no network, < 8 min).
+"""`make gpu-check`: every GPU check in one run, into one report (one H200-class GPU, no network).
 
-Status: written and run end to end on CPU only (``--tiny``); it has not run on a GPU yet.
+Status: run once on an H200 (docs/gpu.md, The first GPU run; ≈ 6 min to the step figures there) before the
+length-parity reward was added.
 
     python bench/gpu_check.py [--out results/gpu_check] [--skip-tests] [--tiny --device cpu]
 
@@ -11,10 +12,13 @@ Status: written and run end to end on CPU only (``--tiny``); it has not run on a
    on one GPU), ``test_agents.py`` and ``test_precision.py``.
 3. A 1.7B-shaped agent: a Qwen3-1.7B config (`workbench.agents.shapes.REFERENCE_CONFIGS`) with random bf16
    weights built on the machine and a byte-level tokenizer padded to its 151,936 ids (nothing downloaded),
-   with the recipe's 4-bit QLoRA (r 32 on every projection, gradient checkpointing), paired with the zoo's
-   ``tiny:llama-bpe``; 2 HACPO steps of 16 prompts x G 8 at 1,024 new tokens (random weights never stop
-   early, so every row runs to the cap). Per step: generated tokens/s, phase times, and the peak GPU memory
-   of each agent's rollout and update next to the memory plan's prediction (`workbench.train.plan`).
+   with the recipe's 4-bit QLoRA (r 32 on every projection, gradient checkpointing), paired with a 2-layer
+   random Qwen3 of 8,192 ids and a 4,096-token context (the zoo's tiny agents hold 256 tokens, less than
+   the 1,024 new ones); 2 HACPO steps of 16 prompts x G 8 at 1,024 new tokens (random weights never stop
+   early, so every row runs to the cap) under a length-parity reward (half the responses earn it, so the
+   update runs; a math reward is always 0 for random weights). Per step: generated tokens/s, phase times,
+   and the peak GPU memory of each agent's rollout and update next to the memory plan's prediction
+   (`workbench.train.plan`).
 4. The decode step eager vs compiled (``train.compile_decode``: CUDA graphs): tokens/s, compile time, and
    the share of greedy tokens that agree (bf16 kernels may differ in the last bits).
 
@@ -38,9 +42,6 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no network on the GPU machine: fail fast, never hang
-os.environ.setdefault(
-    "HACPO_TINY_WARM_STEPS", "40"
-)  # the partner agent in seconds; accuracy is not the point
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -175,17 +176,29 @@ def standin_run(size: str, device: str, work: Path, result: dict, save: Callable
     config = TINY_QWEN3 if size == "tiny" else REFERENCE_CONFIGS["Qwen/Qwen3-1.7B-Base"]
     t0 = time.perf_counter()
     model_dir = build_standin(config, work / "qwen3-1.7b-standin", device)
+    partner_dir = build_standin(TINY_QWEN3, work / "qwen3-tiny-partner", device)
     build_s = time.perf_counter() - t0
     qlora = {"quantization": "4bit", "gradient_checkpointing": True, "device": device,
              "lora": {"r": 32, "alpha": 64, "target_modules": "all-linear"}}  # fmt: skip
     agents = [{"name": "qwen3-1.7b-shape", "model": str(model_dir), **qlora},
-              {"name": "llama-bpe", "model": "tiny:llama-bpe", **qlora, "lora": {"r": 8}}]  # fmt: skip
+              {"name": "qwen3-tiny", "model": str(partner_dir), **qlora, "lora": {"r": 8}}]  # fmt: skip
     train = {k: v for k, v in s.items() if not k.startswith("decode")}
+    # Random weights never answer correctly: reward the length's parity instead, so that groups have
+    # advantages and the update (its time and memory) really runs.
+    (work / "gpu_check_reward.py").write_text(
+        "def even(completion: str, answer: str) -> float:\n    return float(len(completion) % 2 == 0)\n"
+    )
+    sys.path.insert(0, str(work))
     cfg = from_dict(
         {
             "experiment": "gpu_check",
             "agents": agents,
-            "task": {"source": "embedded", "train_size": 200, "eval_size": 0},
+            "task": {
+                "source": "embedded",
+                "train_size": 200,
+                "eval_size": 0,
+                "reward": "gpu_check_reward:even",
+            },
             "train": {"steps": 2, "lr": 1e-5, "eval_every": 0, "kl_coef": 0.0, **train},
             "output": {"root": str(work / "runs")},
         }
@@ -279,7 +292,10 @@ def write_report(out: Path, report: dict) -> Path:
         lines += ["", f"## gpu-marked tests: {'passed' if tests['ok'] else 'FAILED'} ({tests['seconds']} s)",
                   "```", tests["tail"].strip()[-2000:], "```"]  # fmt: skip
     if run := report.get("standin"):
-        lines += ["", "## 1.7B-shaped agent (random Qwen3-1.7B, 4-bit QLoRA) + tiny:llama-bpe, 2 HACPO steps"]
+        lines += [
+            "",
+            "## 1.7B-shaped agent (random Qwen3-1.7B, 4-bit QLoRA) + a 2-layer random Qwen3, 2 HACPO steps",
+        ]
         if "error" in run:
             lines += ["```", run["error"], "```"]
         else:

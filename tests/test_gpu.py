@@ -78,7 +78,8 @@ def _check_step(run_dir, names):
     for name in names:
         assert torch.isfinite(torch.tensor(last[f"loss/{name}"])), name
         # on-policy self samples: s = 1 bit-exactly in the first mini-batch, ≈ 1 after the first update
-        assert last[f"is/{name}/{name}/ratio_mean"] == pytest.approx(1.0, abs=0.05)
+        ratios = {k: round(float(v), 4) for k, v in last.items() if k.startswith(f"is/{name}/")}
+        assert last[f"is/{name}/{name}/ratio_mean"] == pytest.approx(1.0, abs=0.05), (name, ratios)
     return df
 
 
@@ -140,7 +141,9 @@ def test_full_finetuning_keeps_fp32_master_weights_and_moves_them_at_lr_1e_6(tmp
 @pytest.mark.parametrize("device", DEVICES)
 def test_agents_on_the_device_and_on_cpu_train_side_by_side(tmp_path, device):
     agents = [_agent("char", "tiny:gpt2-char", device), _agent("bpe", "tiny:llama-bpe", "cpu")]
-    run_dir = train(_config(tmp_path, agents))
+    # lr 1e-5: one full-fine-tuning Adam step at 1e-3 moves every weight by ~1e-3, and the next mini-batch's
+    # self ratios to 0.84-0.88 (H200, and CPU at seed 1), outside the ≈ 1 that _check_step asks for
+    run_dir = train(_config(tmp_path, agents, lr=1e-5))
     _check_step(run_dir, ["char", "bpe"])
 
 

@@ -25,7 +25,9 @@ def test_the_gpu_check_script_runs_end_to_end_on_cpu(tmp_path, hacpo_cache):
     assert [row["step"] for row in run["steps"]] == [1, 2] and all(
         row["generated_tokens"] for row in run["steps"]
     )
-    assert run["rollout_rows"] == {"qwen3-1.7b-shape": 4, "llama-bpe": 4}  # the plan sized the batches
+    assert run["rollout_rows"] == {"qwen3-1.7b-shape": 4, "qwen3-tiny": 4}  # the plan sized the batches
+    # the length-parity reward gives advantages, so the update runs (a math reward is 0 for random weights)
+    assert any(row[key] != 0 for row in run["steps"] for key in row if key.startswith("loss/"))
     assert run["decode"]["compiled_tok_s"] > 0 and run["decode"]["greedy_tokens_equal"] == "32/32"
     text = (tmp_path / "report.md").read_text()
     assert "script OK" in text and "nothing here was measured on a GPU" in text
