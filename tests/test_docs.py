@@ -7,6 +7,8 @@ import dataclasses
 import re
 from pathlib import Path
 
+import pytest
+
 from workbench.config.reference import REFERENCE, SECTIONS, field_docs, render_reference
 
 
@@ -72,8 +74,9 @@ def test_every_relative_link_of_readme_and_docs_resolves():
     assert broken == [], "links to missing files or headings:\n" + "\n".join(broken)
 
 
-def test_generated_results_section_links_resolve():
-    path = ROOT / "docs" / "results.md"
+@pytest.mark.parametrize("name", ["results.md", "results_real_pair.md"])
+def test_generated_results_section_links_resolve(name):
+    path = ROOT / "docs" / name
     generated = GENERATED.search(path.read_text(encoding="utf-8"))
-    assert generated is not None, "docs/results.md has no generated results section"
+    assert generated is not None, f"docs/{name} has no generated results section"
     assert _broken_links(path, generated.group(0)) == []
