@@ -48,7 +48,7 @@ pairs: $(STAMP)
 # The real pair's comparison (experiments/real_pair.yaml: warm-started SmolLM2-135M-Instruct + Gemma-3-270M,
 # LoRA, CPU): GSPO, HACPO and HACPO with byte-normalized ratios for each seed of REAL_PAIR_SEEDS, then its
 # committed summary (results/summary/real_pair/, the generated section of docs/results_real_pair.md). 6 runs,
-# ≈ 50 min (GSPO) to 80 min (HACPO) each on 2 cores running two at a time; finished runs are skipped (the
+# ≈ 70 min (GSPO) to 95 min (HACPO) each on 2 cores running two at a time; finished runs are skipped (the
 # committed ones in results/real_pair/ too: docs/results_real_pair.md says which), unfinished ones resume, also
 # when made by an earlier code version (--reuse-other-code: the summary lists each method's code version).
 # REAL_PAIR_SEEDS=0,1,2 adds a third seed and REAL_PAIR_METHODS="gspo hacpo gspo_x2" adds GSPO×2.

@@ -59,6 +59,12 @@ SIZES = {
 }  # fmt: skip
 
 
+def length_parity(completion: str, answer: str) -> float:
+    """The stand-in's reward: random weights never answer correctly, so a math reward is always 0, every group
+    is uniform and no update runs; half the responses earn this one, so the update's time and memory count."""
+    return float(len(completion) % 2 == 0)
+
+
 def preflight(device: str) -> tuple[dict, list[str]]:
     """Versions and the GPU; problems that make the check meaningless are returned as messages."""
     info, problems = {"python": sys.version.split()[0]}, []
@@ -183,12 +189,6 @@ def standin_run(size: str, device: str, work: Path, result: dict, save: Callable
     agents = [{"name": "qwen3-1.7b-shape", "model": str(model_dir), **qlora},
               {"name": "qwen3-tiny", "model": str(partner_dir), **qlora, "lora": {"r": 8}}]  # fmt: skip
     train = {k: v for k, v in s.items() if not k.startswith("decode")}
-    # Random weights never answer correctly: reward the length's parity instead, so that groups have
-    # advantages and the update (its time and memory) really runs.
-    (work / "gpu_check_reward.py").write_text(
-        "def even(completion: str, answer: str) -> float:\n    return float(len(completion) % 2 == 0)\n"
-    )
-    sys.path.insert(0, str(work))
     cfg = from_dict(
         {
             "experiment": "gpu_check",
@@ -197,7 +197,7 @@ def standin_run(size: str, device: str, work: Path, result: dict, save: Callable
                 "source": "embedded",
                 "train_size": 200,
                 "eval_size": 0,
-                "reward": "gpu_check_reward:even",
+                "reward": "bench.gpu_check:length_parity",  # a custom reward (workbench.tasks.rewards)
             },
             "train": {"steps": 2, "lr": 1e-5, "eval_every": 0, "kl_coef": 0.0, **train},
             "output": {"root": str(work / "runs")},
