@@ -1,9 +1,10 @@
 """`make gpu-check`: every GPU check in one run, into one report (one H200-class GPU, no network).
 
-Status: run once on an H200 (docs/gpu.md, The first GPU run; ≈ 6 min to the step figures there) before the
-length-parity reward was added.
+Status: run twice on an H200 (docs/gpu.md, The first and the second GPU run); the update's memory and time
+were measured at 512 new tokens, the compiled decode was not reached yet.
 
-    python bench/gpu_check.py [--out results/gpu_check] [--skip-tests] [--tiny --device cpu]
+    python bench/gpu_check.py [--out results/gpu_check] [--skip-tests] [--steps 2] [--max-new-tokens N]
+                              [--tiny --device cpu]
 
 1. Preflight: CUDA, the GPU, torch / transformers / peft / bitsandbytes / pytest / workbench imports. Without
    CUDA it stops at once (exit 2) and says what to install (unless ``--device cpu``).
@@ -14,11 +15,12 @@ length-parity reward was added.
    weights built on the machine and a byte-level tokenizer padded to its 151,936 ids (nothing downloaded),
    with the recipe's 4-bit QLoRA (r 32 on every projection, gradient checkpointing), paired with a 2-layer
    random Qwen3 of 8,192 ids and a 4,096-token context (the zoo's tiny agents hold 256 tokens, less than
-   the 1,024 new ones); 2 HACPO steps of 16 prompts x G 8 at 1,024 new tokens (random weights never stop
-   early, so every row runs to the cap) under a length-parity reward (half the responses earn it, so the
-   update runs; a math reward is always 0 for random weights). Per step: generated tokens/s, phase times,
+   the 1,024 new ones); 2 HACPO steps (``--steps``) of 16 prompts x G 8 at 1,024 new tokens
+   (``--max-new-tokens``; random weights never stop early, so every row runs to the cap) under a
+   length-parity reward (half the responses earn it, so the update runs; a math reward is always 0 for
+   random weights). Per step: generated tokens/s, phase times,
    and the peak GPU memory of each agent's rollout and update next to the memory plan's prediction
-   (`workbench.train.plan`).
+   (`workbench.train.plan`). The report is rewritten after every step, so a time limit keeps what finished.
 4. The decode step eager vs compiled (``train.compile_decode``: CUDA graphs): tokens/s, compile time, and
    the share of greedy tokens that agree (bf16 kernels may differ in the last bits).
 
@@ -167,10 +169,12 @@ class PhasePeaks:
                 setattr(worker, phase, timed)
 
 
-def standin_run(size: str, device: str, work: Path, result: dict, save: Callable[[], object]) -> None:
-    """2 HACPO steps of the 1.7B-shaped agent + a tiny partner, beside the memory plan's prediction, then the
-    decode comparison; fills ``result`` as it goes and calls ``save`` after the steps (the compile comes
-    last, so a slow compile cannot lose the step figures)."""
+def standin_run(
+    size: str, device: str, work: Path, result: dict, save: Callable[[], object], overrides: dict
+) -> None:
+    """HACPO steps of the 1.7B-shaped agent + a tiny partner, beside the memory plan's prediction, then the
+    decode comparison; fills ``result`` as it goes and calls ``save`` after every step (a run cut short by a
+    time limit keeps the steps it finished; the compile comes last). ``overrides`` replace train keys."""
     import torch
 
     from workbench.agents.shapes import REFERENCE_CONFIGS
@@ -188,7 +192,7 @@ def standin_run(size: str, device: str, work: Path, result: dict, save: Callable
              "lora": {"r": 32, "alpha": 64, "target_modules": "all-linear"}}  # fmt: skip
     agents = [{"name": "qwen3-1.7b-shape", "model": str(model_dir), **qlora},
               {"name": "qwen3-tiny", "model": str(partner_dir), **qlora, "lora": {"r": 8}}]  # fmt: skip
-    train = {k: v for k, v in s.items() if not k.startswith("decode")}
+    train = {k: v for k, v in s.items() if not k.startswith("decode")} | overrides
     cfg = from_dict(
         {
             "experiment": "gpu_check",
@@ -199,7 +203,7 @@ def standin_run(size: str, device: str, work: Path, result: dict, save: Callable
                 "eval_size": 0,
                 "reward": "bench.gpu_check:length_parity",  # a custom reward (workbench.tasks.rewards)
             },
-            "train": {"steps": 2, "lr": 1e-5, "eval_every": 0, "kl_coef": 0.0, **train},
+            "train": {"lr": 1e-5, "eval_every": 0, "kl_coef": 0.0, **train},
             "output": {"root": str(work / "runs")},
         }
     )
@@ -210,6 +214,17 @@ def standin_run(size: str, device: str, work: Path, result: dict, save: Callable
     load_s = time.perf_counter() - t0
     peaks = PhasePeaks(trainer, on_gpu)
     plan, rows, before = trainer.memory_plan, [], dict.fromkeys(trainer.names, 0.0)
+    predicted = {
+        f"{a.name}/{phase}": a.phases[key] + plan.devices[a.facts.device]["resident"]
+        for a in plan.agents
+        for phase, key in (("rollout", "generate"), ("update", "update"))
+    }
+    result |= {
+        "device": device, "build_s": round(build_s, 1), "load_s": round(load_s, 1), "steps": rows,
+        "phase_peaks": peaks.peaks, "predicted": predicted, "train": train,
+        "plan_peak": plan.devices[plan.agents[0].facts.device]["peak"],
+        "rollout_rows": {a.name: a.rollout_rows for a in plan.agents},
+    }  # fmt: skip
     for _ in range(cfg.train.steps):
         if on_gpu:
             torch.cuda.reset_peak_memory_stats()
@@ -226,18 +241,9 @@ def standin_run(size: str, device: str, work: Path, result: dict, save: Callable
                 **{f"loss/{n}": round(metrics[f"loss/{n}"], 4) for n in trainer.names},
             }
         )
-    predicted = {
-        f"{a.name}/{phase}": a.phases[key] + plan.devices[a.facts.device]["resident"]
-        for a in plan.agents
-        for phase, key in (("rollout", "generate"), ("update", "update"))
-    }
-    result |= {
-        "ok": True, "device": device, "build_s": round(build_s, 1), "load_s": round(load_s, 1), "steps": rows,
-        "phase_peaks": peaks.peaks, "predicted": predicted,
-        "plan_peak": plan.devices[plan.agents[0].facts.device]["peak"],
-        "rollout_rows": {a.name: a.rollout_rows for a in plan.agents},
-    }  # fmt: skip
-    save()
+        result["ok"] = len(rows) == cfg.train.steps
+        print(f"step {trainer.step}: {rows[-1]}", flush=True)
+        save()
     result["decode"] = decode_speed(trainer.executor.workers[0].agent, s["decode_rows"], s["decode_tokens"])
     trainer.close()
 
@@ -294,7 +300,8 @@ def write_report(out: Path, report: dict) -> Path:
     if run := report.get("standin"):
         lines += [
             "",
-            "## 1.7B-shaped agent (random Qwen3-1.7B, 4-bit QLoRA) + a 2-layer random Qwen3, 2 HACPO steps",
+            "## 1.7B-shaped agent (random Qwen3-1.7B, 4-bit QLoRA) + a 2-layer random Qwen3, "
+            f"{len(run['steps'])} HACPO steps at {run['train']['max_new_tokens']} new tokens",
         ]
         if "error" in run:
             lines += ["```", run["error"], "```"]
@@ -327,6 +334,8 @@ def main() -> int:
     parser.add_argument("--test-timeout", type=int, default=180)
     parser.add_argument("--device", default="cuda", help="cpu: check this script itself on a CPU machine")
     parser.add_argument("--tiny", action="store_true", help="toy sizes (a 2-layer Qwen3, 8 new tokens)")
+    parser.add_argument("--steps", type=int, default=2, help="HACPO steps of the 1.7B-shaped agent")
+    parser.add_argument("--max-new-tokens", type=int, help="instead of the size's (1,024 for the full size)")
     args = parser.parse_args()
     start = time.perf_counter()
     info, problems = preflight(args.device)
@@ -349,7 +358,12 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as work:
         try:
-            standin_run("tiny" if args.tiny else "full", args.device, Path(work), report["standin"], save)
+            overrides = {"steps": args.steps} | (
+                {"max_new_tokens": args.max_new_tokens} if args.max_new_tokens else {}
+            )
+            standin_run(
+                "tiny" if args.tiny else "full", args.device, Path(work), report["standin"], save, overrides
+            )
         except Exception as exc:
             report["standin"] |= {"ok": False, "error": "".join(traceback.format_exception(exc))[-3000:]}
     if args.skip_tests:
