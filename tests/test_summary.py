@@ -20,6 +20,7 @@ from workbench.lab.rerun import (
     write_rerun_check,
 )
 from workbench.lab.results_section import render_results_section, update_readme
+from workbench.lab.verdicts import verdict_line
 
 
 def _write_seeds(root, *, hacpo_b_final: float, gspo_x2: bool) -> None:
@@ -89,10 +90,22 @@ def test_verdicts_compare_means_and_say_when_within_noise(results):
     assert a_gspo["resolved"] == (a_gspo["ci_low"] > 0 or a_gspo["ci_high"] < 0)
     b_x2 = v[(v["agent"] == "b") & (v["other"] == "gspo_x2") & (v["metric"] == "greedy_acc")].iloc[0]
     assert not b_x2["holds"] and b_x2["rollout_ratio"] == pytest.approx(0.5)
-    assert set(v["claim"]) == {"HACPO ≥ GSPO", "HACPO ≥ GSPO×2"} and set(v["metric"]) == {
-        "greedy_acc",
-        "avg@4",
-    }
+    assert set(v["claim"]) == {"HACPO ≥ GSPO", "HACPO ≥ GSPO×2", "HACPO (bytes) ≥ HACPO (tokens)"}
+    assert set(v["metric"]) == {"greedy_acc", "avg@4"}
+    # bytes vs tokens, paired like the rest: agent a ends at 0.50 with bytes, 0.50/0.51/0.52 with tokens
+    a_bytes = v[(v["agent"] == "a") & (v["method"] == "hacpo-bytes") & (v["metric"] == "greedy_acc")].iloc[0]
+    assert a_bytes["other"] == "hacpo" and a_bytes["test"] == "paired" and a_bytes["paired_seeds"] == 3
+    assert a_bytes["delta"] == pytest.approx(-0.01) and not a_bytes["holds"]
+    text = (out / "comparison.md").read_text()
+    assert "- a, greedy: HACPO (bytes) < HACPO (tokens) on the mean — 0.500 ± 0.000 vs 0.510 ± 0.010" in text
+
+
+def test_a_verdict_without_a_common_seed_says_so():
+    row = {"agent": "a", "metric": "greedy_acc", "claim": "HACPO ≥ GSPO", "hacpo_mean": 0.3,
+           "hacpo_std": 0.0, "hacpo_n": 1, "other_mean": 0.5, "other_std": 0.0, "other_n": 1,
+           "delta": math.nan, "holds": False}  # fmt: skip
+    line = verdict_line(pd.Series(row))
+    assert line.startswith("- a, greedy: HACPO vs GSPO: no Δ (no seed in common) — 0.300") and "<" not in line
 
 
 def test_excluded_runs_are_listed_never_averaged(results):

@@ -1,12 +1,13 @@
-"""Verdicts of a comparison: HACPO against GSPO, GSPO×2 and Naive, per pair, agent and metric.
+"""Verdicts of a comparison: HACPO against GSPO, GSPO×2 and Naive, and HACPO with byte-normalized cross
+ratios (``hacpo-bytes``) against HACPO's token-normalized default, per pair, agent and metric.
 
-Each claim ("HACPO ≥ GSPO") *holds* when Δ = HACPO − baseline ≥ 0 and is *resolved* when the 95% interval
-of Δ excludes 0. When every run of both methods kept its per-item results (``eval_items.csv``), the test is
-paired: runs of the two methods with the same seed answered the same held-out items, so Δ and its interval
-come from a hierarchical bootstrap over seeds and items of the per-item difference
-(`workbench.lab.paired.paired_bootstrap`). Otherwise (runs made before per-item results were kept) it falls
-back to the seeds' final values: Δ and its standard error from the per-seed gains
-(`workbench.lab.accuracy.seed_gains`, the gain the demo's table shows), the interval Δ ± 2 SE
+Each claim ("HACPO ≥ GSPO") *holds* when Δ = method − baseline ≥ 0 and is *resolved* when the 95% interval of
+Δ excludes 0 (a Δ that cannot be computed, e.g. no seed in common, holds nothing). When every run of both
+methods kept its per-item results (``eval_items.csv``), the test is paired: runs of the two methods with the
+same seed answered the same held-out items, so Δ and its interval come from a hierarchical bootstrap over
+seeds and items of the per-item difference (`workbench.lab.paired.paired_bootstrap`). Otherwise (runs made
+before per-item results were kept) it falls back to the seeds' final values: Δ and its standard error from the
+per-seed gains (`workbench.lab.accuracy.seed_gains`, the gain the demo's table shows), the interval Δ ± 2 SE
 (`workbench.lab.paired.unpaired_difference`), and the verdict's ``test`` column says ``unpaired`` (items not
 paired). ``docs/statistics.md`` explains both.
 """
@@ -17,7 +18,6 @@ import math
 
 import pandas as pd
 
-from workbench.config.methods import method_label
 from workbench.lab.accuracy import seed_gains
 from workbench.lab.items import item_scores
 from workbench.lab.paired import paired_bootstrap, unpaired_difference
@@ -25,27 +25,38 @@ from workbench.lab.stats import binomial_se, combine, format_cell
 
 __all__ = ["CLAIMS", "VERDICT_COLUMNS", "verdict_line", "verdicts"]
 
-CLAIMS = (("gspo", "HACPO ≥ GSPO"), ("gspo_x2", "HACPO ≥ GSPO×2"), ("naive", "HACPO ≥ Naive"))
-"""The claims checked per agent and metric: HACPO against each baseline."""
+CLAIMS = (
+    ("hacpo", "gspo", "HACPO ≥ GSPO"),
+    ("hacpo", "gspo_x2", "HACPO ≥ GSPO×2"),
+    ("hacpo", "naive", "HACPO ≥ Naive"),
+    ("hacpo-bytes", "hacpo", "HACPO (bytes) ≥ HACPO (tokens)"),
+)
+"""The claims checked per agent and metric: (method, baseline, claim), where both methods have runs."""
 VERDICT_COLUMNS = (
-    "experiment", "agent", "metric", "claim", "hacpo_mean", "hacpo_std", "hacpo_n", "other", "other_mean",
-    "other_std", "other_n", "delta", "delta_se", "ci_low", "ci_high", "p_value", "test", "paired_seeds",
-    "paired_items", "holds", "resolved", "rollout_ratio",
+    "experiment", "agent", "metric", "method", "claim", "hacpo_mean", "hacpo_std", "hacpo_n", "other",
+    "other_mean", "other_std", "other_n", "delta", "delta_se", "ci_low", "ci_high", "p_value", "test",
+    "paired_seeds", "paired_items", "holds", "resolved", "rollout_ratio",
 )  # fmt: skip
-"""Columns of ``verdicts.csv``."""
+"""Columns of ``verdicts.csv``; ``hacpo_*`` describe ``method`` (HACPO or a HACPO variant)."""
 N_BOOT = 10_000
 """Bootstrap replicates of each paired test (seeded: the same files give the same verdicts)."""
 
 
 def _paired(
-    per_seed: pd.DataFrame, items: pd.DataFrame, experiment: str, agent: str, metric: str, baseline: str
+    per_seed: pd.DataFrame,
+    items: pd.DataFrame,
+    experiment: str,
+    agent: str,
+    metric: str,
+    method: str,
+    baseline: str,
 ) -> dict | None:
     """The paired test of one verdict, or None when a run of either method lacks per-item results."""
     runs = per_seed[
         (per_seed["experiment"] == experiment)
         & (per_seed["agent"] == agent)
         & (per_seed["metric"] == metric)
-        & per_seed["method"].isin(["hacpo", baseline])
+        & per_seed["method"].isin([method, baseline])
     ][["method", "seed", "run"]]
     if items.empty or runs.empty:
         return None
@@ -54,23 +65,25 @@ def _paired(
     if not set(runs["run"]) <= set(scores["run"]):
         return None
     scores = scores.merge(runs, on="run").assign(item=lambda df: df["benchmark"] + "/" + df["item"])
-    result = paired_bootstrap(scores[["method", "seed", "item", "value"]], "hacpo", baseline, n_boot=N_BOOT)
+    result = paired_bootstrap(scores[["method", "seed", "item", "value"]], method, baseline, n_boot=N_BOOT)
     return result if result["seeds"] else None
 
 
-def _unpaired(per_seed: pd.DataFrame, experiment: str, agent: str, metric: str, baseline: str) -> dict:
+def _unpaired(
+    per_seed: pd.DataFrame, experiment: str, agent: str, metric: str, method: str, baseline: str
+) -> dict:
     """The fallback test of one verdict: Δ and its standard error from the per-seed gains, Δ ± 2 SE."""
     runs = per_seed[
         (per_seed["experiment"] == experiment) & (per_seed["agent"] == agent) & (per_seed["metric"] == metric)
     ]
     runs = runs.assign(value=runs["final"], se=binomial_se(runs["final"], runs["items"]))
-    gains = combine(*(seed_gains(runs, "hacpo", baseline).loc[:, c].tolist() for c in ("value", "se")))
+    gains = combine(*(seed_gains(runs, method, baseline).loc[:, c].tolist() for c in ("value", "se")))
     test = unpaired_difference(gains["mean"], gains["se"])
     return test | {"test": "unpaired", "seeds": math.nan, "items": math.nan}
 
 
 def verdicts(table: pd.DataFrame, per_seed: pd.DataFrame, items: pd.DataFrame) -> pd.DataFrame:
-    """One verdict per (experiment, agent, metric, baseline) that has HACPO and baseline runs.
+    """One verdict per (experiment, agent, metric) and claim of `CLAIMS` whose two methods both have runs.
 
     Args:
         table: The comparison (``comparison.csv``): means, stds, standard errors, n and rollouts generated
@@ -87,25 +100,22 @@ def verdicts(table: pd.DataFrame, per_seed: pd.DataFrame, items: pd.DataFrame) -
     rows = []
     for (exp, agent), group in table.groupby(["experiment", "agent"], sort=False):
         by_method = group.set_index("method")
-        if "hacpo" not in by_method.index:
-            continue
-        mine = by_method.loc["hacpo"]
-        for baseline, claim in CLAIMS:
-            if baseline not in by_method.index:
+        for method, baseline, claim in CLAIMS:
+            if method not in by_method.index or baseline not in by_method.index:
                 continue
-            other = by_method.loc[baseline]
+            mine, other = by_method.loc[method], by_method.loc[baseline]
             for metric, prefix in (("greedy_acc", "greedy"), (mine["avgk"], "avgk")):
                 if not isinstance(metric, str) or not metric or pd.isna(mine.get(f"{prefix}_mean", math.nan)):
                     continue
-                paired = _paired(per_seed, items, exp, agent, metric, baseline)
+                paired = _paired(per_seed, items, exp, agent, metric, method, baseline)
                 ratio = mine["generated"] / other["generated"] if other["generated"] else math.nan
                 if paired is None:
-                    test = _unpaired(per_seed, exp, agent, metric, baseline)
+                    test = _unpaired(per_seed, exp, agent, metric, method, baseline)
                 else:
                     test = paired | {"test": "paired"}
                 rows.append(
                     {
-                        "experiment": exp, "agent": agent, "metric": metric, "claim": claim,
+                        "experiment": exp, "agent": agent, "metric": metric, "method": method, "claim": claim,
                         "hacpo_mean": mine[f"{prefix}_mean"], "hacpo_std": mine[f"{prefix}_std"],
                         "hacpo_n": mine["n"], "other": baseline, "other_mean": other[f"{prefix}_mean"],
                         "other_std": other[f"{prefix}_std"], "other_n": other["n"], "delta": test["delta"],
@@ -146,13 +156,15 @@ def _noise(v: pd.Series) -> str:
 
 def verdict_line(v: pd.Series) -> str:
     """One verdict as a Markdown bullet, in words (for README's Results section)."""
-    sign = "≥" if v["holds"] else "<"
+    left, right = v["claim"].split(" ≥ ")
     metric = "greedy" if v["metric"] == "greedy_acc" else v["metric"]
-    base = method_label(v["other"])
     mine = format_cell(v["hacpo_mean"], v["hacpo_std"], int(v["hacpo_n"]))
     theirs = format_cell(v["other_mean"], v["other_std"], int(v["other_n"]))
-    ratio = "" if pd.isna(v["rollout_ratio"]) else f", at {v['rollout_ratio']:.2f}× {base}'s rollouts"
+    if pd.isna(v["delta"]):
+        return f"- {v['agent']}, {metric}: {left} vs {right}: no Δ (no seed in common) — {mine} vs {theirs}"
+    sign = "≥" if v["holds"] else "<"
+    ratio = "" if pd.isna(v["rollout_ratio"]) else f", at {v['rollout_ratio']:.2f}× {right}'s rollouts"
     return (
-        f"- {v['agent']}, {metric}: HACPO {sign} {base} on the mean — {mine} vs {theirs} "
+        f"- {v['agent']}, {metric}: {left} {sign} {right} on the mean — {mine} vs {theirs} "
         f"(Δ = {v['delta']:+.3f}, {_noise(v)}{ratio})"
     )
