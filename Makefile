@@ -48,8 +48,8 @@ pairs: $(STAMP)
 # The real pair's comparison (experiments/real_pair.yaml: warm-started SmolLM2-135M-Instruct + Gemma-3-270M,
 # LoRA, CPU): GSPO, HACPO and HACPO with byte-normalized ratios for each seed of REAL_PAIR_SEEDS, then its
 # committed summary (results/summary/real_pair/, the generated section of docs/results_real_pair.md). 6 runs,
-# ≈ 70 min (GSPO) to 95 min (HACPO) each on 2 cores running two at a time; finished runs are skipped (the
-# committed ones in results/real_pair/ too: docs/results_real_pair.md says which), unfinished ones resume, also
+# ≈ 4.5 h on 2 cores (a GSPO run ≈ 36 min, a HACPO run ≈ 46 min of the whole machine, measured two and three at
+# a time); finished runs are skipped (the committed ones in results/real_pair/ too), unfinished ones resume, also
 # when made by an earlier code version (--reuse-other-code: the summary lists each method's code version).
 # REAL_PAIR_SEEDS=0,1,2 adds a third seed and REAL_PAIR_METHODS="gspo hacpo gspo_x2" adds GSPO×2.
 REAL_PAIR_METHODS ?= gspo hacpo
