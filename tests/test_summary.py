@@ -108,6 +108,18 @@ def test_a_verdict_without_a_common_seed_says_so():
     assert line.startswith("- a, greedy: HACPO vs GSPO: no Δ (no seed in common) — 0.300") and "<" not in line
 
 
+def test_hacpo_is_compared_with_each_ablation_that_has_runs(tmp_path):
+    root = tmp_path / "runs"
+    for seed in (0, 1):
+        write_run(root, algorithm="hacpo", seed=seed, final=(0.50, 0.70))
+        write_run(root, algorithm="hacpo", label="hacpo-adv", seed=seed, final=(0.40 + 0.02 * seed, 0.70))
+    files = summary.write_summary(root, tmp_path / "summary")
+    v = pd.read_csv(next(f for f in files if f.name == "verdicts.csv"))
+    assert set(v["claim"]) == {"HACPO ≥ HACPO − Adv"} and set(v["other"]) == {"hacpo-adv"}
+    a = v[(v["agent"] == "a") & (v["metric"] == "greedy_acc")].iloc[0]
+    assert a["test"] == "paired" and a["delta"] == pytest.approx(0.09) and a["holds"]
+
+
 def test_excluded_runs_are_listed_never_averaged(results):
     _, out, _ = results
     excluded = pd.read_csv(out / "excluded.csv")

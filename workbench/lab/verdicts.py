@@ -1,5 +1,7 @@
-"""Verdicts of a comparison: HACPO against GSPO, GSPO×2 and Naive, and HACPO with byte-normalized cross
-ratios (``hacpo-bytes``) against HACPO's token-normalized default, per pair, agent and metric.
+"""Verdicts of a comparison: HACPO against GSPO, GSPO×2 and Naive, HACPO with byte-normalized cross ratios
+(``hacpo-bytes``) against HACPO's token-normalized default, and HACPO against each of the paper's ablations of
+it (``hacpo-adv``, ``hacpo-omega``, ... of `workbench.config.methods.METHODS`) that has runs, per pair, agent
+and metric.
 
 Each claim ("HACPO ≥ GSPO") *holds* when Δ = method − baseline ≥ 0 and is *resolved* when the 95% interval of
 Δ excludes 0 (a Δ that cannot be computed, e.g. no seed in common, holds nothing). When every run of both
@@ -18,6 +20,7 @@ import math
 
 import pandas as pd
 
+from workbench.config.methods import METHODS
 from workbench.lab.accuracy import seed_gains
 from workbench.lab.items import item_scores
 from workbench.lab.paired import paired_bootstrap, unpaired_difference
@@ -30,6 +33,13 @@ CLAIMS = (
     ("hacpo", "gspo_x2", "HACPO ≥ GSPO×2"),
     ("hacpo", "naive", "HACPO ≥ Naive"),
     ("hacpo-bytes", "hacpo", "HACPO (bytes) ≥ HACPO (tokens)"),
+    *(
+        ("hacpo", m.name, f"HACPO ≥ {m.label}")
+        for m in METHODS.values()
+        if m.algorithm == "hacpo"
+        and not m.is_algorithm
+        and m.paper  # the paper's ablations (Tables 2-4, Fig. 4)
+    ),
 )
 """The claims checked per agent and metric: (method, baseline, claim), where both methods have runs."""
 VERDICT_COLUMNS = (
