@@ -116,6 +116,10 @@ def test_config_hash_is_stable_and_survives_yaml(tmp_path):
     reordered = dict(reversed(list(cfg.items())))
     assert config_hash(cfg) == config_hash(reordered)
     assert config_hash(cfg) != config_hash(_cfg(seed=1))
+    # A run moved to another results folder is the same config; another run id is not.
+    placed = {**cfg, "output": {"root": "results", "run_id": None}}
+    assert config_hash({**placed, "output": {"root": "elsewhere", "run_id": None}}) == config_hash(placed)
+    assert config_hash({**placed, "output": {"root": "results", "run_id": "x"}}) != config_hash(placed)
     run_dir = create_run_dir(tmp_path, "exp")
     RunWriter(run_dir).write_config(cfg)  # tuple -> list on the way through YAML
     assert config_hash(yaml.safe_load((run_dir / "config.yaml").read_text())) == config_hash(cfg)

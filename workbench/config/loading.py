@@ -135,11 +135,13 @@ written before these keys existed hash as they did."""
 
 def config_hash(cfg: dict[str, Any]) -> str:
     """A stable 12-hex-digit hash of a resolved config (key order, tuples vs lists and paths vs strings
-    do not matter; `PLACEMENT_KEYS` are left out), used to decide whether a run directory holds "the same
-    config"."""
+    do not matter; `PLACEMENT_KEYS` and ``output.root`` are left out), used to decide whether a run directory
+    holds "the same config": a finished run moved to another results folder is still found there."""
     plain = to_plain(cfg)
     if isinstance(plain, dict):
         plain = {k: v for k, v in plain.items() if k not in PLACEMENT_KEYS}
+        if isinstance(plain.get("output"), dict):
+            plain["output"] = {k: v for k, v in plain["output"].items() if k != "root"}
     text = json.dumps(plain, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
 
