@@ -60,10 +60,11 @@ real-pair: $(STAMP)
 	  $(PY) -m workbench run experiments/real_pair.yaml --seeds $(REAL_PAIR_SEEDS) --reuse-other-code \
 	    --set algorithm=$$method output.root=results/real_pair || exit $$?; \
 	done
-	$(PY) -m workbench run experiments/real_pair.yaml --seeds $(REAL_PAIR_SEEDS) --reuse-other-code \
-	  --set algorithm=hacpo label=hacpo-bytes hacpo.ratio_normalization=bytes output.root=results/real_pair
-	$(PY) -m workbench run experiments/real_pair.yaml --seeds $(REAL_PAIR_SEEDS) --reuse-other-code \
-	  --set algorithm=hacpo label=hacpo-adv hacpo.capability_baseline=false output.root=results/real_pair
+	for variant in "hacpo-bytes hacpo.ratio_normalization=bytes" "hacpo-adv hacpo.capability_baseline=false"; do \
+	  set -- $$variant; \
+	  $(PY) -m workbench run experiments/real_pair.yaml --seeds $(REAL_PAIR_SEEDS) --reuse-other-code \
+	    --set algorithm=hacpo label=$$1 $$2 output.root=results/real_pair || exit $$?; \
+	done
 	$(PY) -m workbench summarize results/real_pair --out results/summary/real_pair \
 	  --readme docs/results_real_pair.md
 
