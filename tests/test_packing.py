@@ -12,7 +12,13 @@ import torch
 
 from workbench.agents import packing, rollout
 from workbench.agents.loading import load_agent
-from workbench.agents.packing import pack_rows, packed_attention, packed_tokens, supports_packing
+from workbench.agents.packing import (
+    length_buckets,
+    pack_rows,
+    packed_attention,
+    packed_tokens,
+    supports_packing,
+)
 from workbench.agents.rollout import generate, token_logprobs
 from workbench.agents.tokens import pack, self_token_batch
 
@@ -26,23 +32,40 @@ def test_pack_rows_keeps_each_prompt_once_and_every_row_position():
     # Rows 0 and 2 share the prompt [5, 6]; row 1 has its own; row 3 has an empty response.
     batch = pack([([5, 6], [7, 8, 9]), ([4], [3]), ([5, 6], [2]), ([1, 1, 1], [])], pad_id=0)
     packed = pack_rows(batch)
-    assert packed.input_ids_1_N.tolist() == [[5, 6, 7, 8, 9, 4, 3, 2, 1, 1, 1]]
-    assert packed.position_ids_1_N.tolist() == [[0, 1, 2, 3, 4, 0, 1, 2, 0, 1, 2]]
+    # the distinct prompts (in sorted order), then each row's response in row order
+    assert packed.input_ids_1_N.tolist() == [[4, 5, 6, 1, 1, 1, 7, 8, 9, 3, 2]]
+    assert packed.position_ids_1_N.tolist() == [[0, 0, 1, 0, 1, 2, 2, 3, 4, 1, 2]]
     assert packed_tokens(batch) == 11 < batch.attention_mask_B_T.sum() == 13
-    gather_B_T = packed.attention.gather_B_T
+    gather_B_T = packed.gather_B_T
     for b in range(4):  # every real position of every row reads its own token back
         n = int(batch.attention_mask_B_T[b].sum())
         assert packed.input_ids_1_N[0, gather_B_T[b, :n]].tolist() == batch.input_ids_B_T[b, :n].tolist()
-    assert gather_B_T[2, :2].tolist() == [0, 1]  # the shared prompt copy
-    T = gather_B_T.shape[1]
-    sources = [divmod(s, T) for s in packed.attention.source_N.tolist()]
-    assert [int(gather_B_T[b, t]) for b, t in sources] == list(
-        range(11)
-    )  # each token's output slot is its own
+    assert gather_B_T[2, :2].tolist() == gather_B_T[0, :2].tolist() == [1, 2]  # the shared prompt copy
+    # the buckets hold every row once, each bucket as wide as its longest row
+    lengths = batch.attention_mask_B_T.sum(dim=-1).tolist()
+    buckets = packed.attention.gathers
+    seen = []
+    for bucket in buckets:
+        width = bucket.shape[1]
+        rows = [next(b for b in range(4) if gather_B_T[b, :width].tolist() == g.tolist()) for g in bucket]
+        assert max(lengths[b] for b in rows) == width and all(gather_B_T[rows, width:].eq(0).all(1))
+        seen += rows
+    assert sorted(seen) == [0, 1, 2, 3]
+    # each packed token takes its attention output from a slot that holds it
+    slots = torch.cat([g.flatten() for g in buckets])
+    assert slots[packed.attention.source_N].tolist() == list(range(11))
     # scored tokens in the row-major order of response_mask[:, 1:], each predicted by the position before it
     keep_B_T = batch.response_mask_B_T[:, 1:].bool()
     assert packed.targets_S.tolist() == batch.input_ids_B_T[:, 1:][keep_B_T].tolist() == [7, 8, 9, 3, 2]
-    assert packed.predictor_S.tolist() == [1, 2, 3, 5, 1]
+    assert packed.predictor_S.tolist() == [2, 6, 7, 0, 2]
+
+
+def test_length_buckets_cut_where_padding_costs_more_than_a_bucket():
+    lengths = [3, 40, 4, 41, 4]
+    assert length_buckets(lengths, cost=10) == [[0, 2, 4], [1, 3]]  # 2 x 41 + 3 x 4 + 2 x 10
+    assert length_buckets(lengths, cost=1000) == [[0, 2, 4, 1, 3]]  # one bucket: 5 x 41 + 1000
+    assert length_buckets(lengths, cost=0) == [[0], [2, 4], [1], [3]]  # every distinct length alone
+    assert length_buckets([7, 7]) == [[0, 1]] and length_buckets([]) == []
 
 
 def _grads(agent, batch, *, packed: bool, monkeypatch, temperature=1.0):
@@ -81,9 +104,14 @@ def _mixed_batch(agent, other):
     return batch
 
 
+@pytest.mark.parametrize("bucket_cost", [packing.BUCKET_COST_SLOTS, 0])
 @pytest.mark.parametrize("which", ["char_agent_dir", "bpe_agent_dir"])
-def test_packed_logprobs_and_gradients_equal_the_padded_ones(which, request, monkeypatch, bpe_agent):
-    """GPT-2 (learned positions, per row) and Llama (rotary positions), at a sampling temperature."""
+def test_packed_logprobs_and_gradients_equal_the_padded_ones(
+    which, bucket_cost, request, monkeypatch, bpe_agent
+):
+    """GPT-2 (learned positions, per row) and Llama (rotary positions), at a sampling temperature; with the
+    default attention buckets and with one bucket per distinct row length."""
+    monkeypatch.setattr(packing, "BUCKET_COST_SLOTS", bucket_cost)
     agent = load_agent(str(request.getfixturevalue(which)))
     _assert_same(agent, _mixed_batch(agent, bpe_agent), monkeypatch, temperature=0.7)
 
@@ -127,7 +155,9 @@ def _tiny_gemma3(bpe_agent_dir, tmp_path, window):
 
 @pytest.mark.parametrize("window", [4, 512])
 def test_gemma3_sliding_window_layers_pack_exactly(window, bpe_agent_dir, tmp_path, monkeypatch):
-    """Gemma-3's local layers see the last ``window`` positions of their own row: binding (4) or not."""
+    """Gemma-3's local layers see the last ``window`` positions of their own row: binding (4) or not; rows
+    in attention buckets of their own lengths."""
+    monkeypatch.setattr(packing, "BUCKET_COST_SLOTS", 0)
     agent = _tiny_gemma3(bpe_agent_dir, tmp_path, window)
     batch = self_token_batch(generate(agent, PROMPTS, n=3, seed=0, max_new_tokens=10), agent.pad_token_id)
     assert batch.input_ids_B_T.shape[1] > 4
