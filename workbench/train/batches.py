@@ -314,18 +314,22 @@ def build_learner_batch(
         [r.old_logp_sum / n if n > 0 else r.old_logp_mean for r, n in zip(rollouts, length_B.tolist())],
         dtype=torch.float32,
     )
-    advantages_B = torch.stack([advantages_P_A_G[r.prompt_index, r.author, r.index] for r in rollouts])
+    source_B = torch.tensor([r.author for r in rollouts], dtype=torch.long)
+    advantages_B = advantages_P_A_G[
+        torch.tensor([r.prompt_index for r in rollouts], dtype=torch.long),
+        source_B,
+        torch.tensor([r.index for r in rollouts], dtype=torch.long),
+    ]
+    is_self_B = source_B == learner
     batch = LearnerBatch(
         learner=learner,
         rollouts=rollouts,
         tokens=tokens,
         advantages_B=advantages_B,
-        is_self_B=torch.tensor([r.author == learner for r in rollouts]),
+        is_self_B=is_self_B,
         # HACPO: a cross sample's loss is scaled by ω^(source, learner) (Eq. 10).
-        cross_coef_B=torch.tensor(
-            [1.0 if r.author == learner else coef_A[r.author].item() for r in rollouts]
-        ),
-        source_B=torch.tensor([r.author for r in rollouts]),
+        cross_coef_B=torch.where(is_self_B, 1.0, coef_A.float().cpu()[source_B]),
+        source_B=source_B,
         old_logp_mean_B=old_mean_B,
         length_B=length_B,
         keep_B=_informative_B(rollouts, advantages_B)
