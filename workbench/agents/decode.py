@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from workbench.agents.sampling import Prefilled, chunked_head, pick_B, prefill
+from workbench.agents.threads import threads_for
 
 if TYPE_CHECKING:
     from workbench.agents.agent import Agent
@@ -152,13 +153,14 @@ def sample_rows(
 ) -> list[tuple[list[int], bool]]:
     """Samples one response per prompt row: the prefill, then `_decode` (or `_decode_static` with
     ``compile_decode``); returns ``(response_ids, finished_with_eos)`` per row."""
-    state = prefill(agent, prompts, max_new_tokens, static=compile_decode)
-    if state.static:
-        return _decode_static(agent, state, temperature, top_p, max_new_tokens, generator)
-    if compile_decode:
-        _warn_not_static(agent)
-    with chunked_head(agent.model):
-        return _decode(agent, state, temperature, top_p, max_new_tokens, generator)
+    with threads_for(agent, len(prompts)):  # a decode step forwards one token per row
+        state = prefill(agent, prompts, max_new_tokens, static=compile_decode)
+        if state.static:
+            return _decode_static(agent, state, temperature, top_p, max_new_tokens, generator)
+        if compile_decode:
+            _warn_not_static(agent)
+        with chunked_head(agent.model):
+            return _decode(agent, state, temperature, top_p, max_new_tokens, generator)
 
 
 def _warn_not_static(agent: Agent) -> None:

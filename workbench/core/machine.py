@@ -35,7 +35,7 @@ SIMD_FLAGS = (
     "sve2",
 )  # fmt: skip
 """CPU flags that change which float kernels torch and oneDNN pick (x86 ``flags``, Arm ``Features``)."""
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MKL_NUM_THREADS")
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "MKL_NUM_THREADS")
 """Environment variables that set or tune the CPU thread pools."""
 LIBRARIES = (
     "torch", "transformers", "peft", "bitsandbytes", "tokenizers", "safetensors", "numpy", "pandas",

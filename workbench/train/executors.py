@@ -47,6 +47,7 @@ FORWARDED_ENV = (
     "HF_HUB_OFFLINE",
     "HF_DATASETS_OFFLINE",
     "OMP_WAIT_POLICY",
+    "GOMP_SPINCOUNT",
     "TRANSFORMERS_NO_ADVISORY_WARNINGS",
 )
 """Environment variables of the driver that Ray actors get too (caches, offline switches, threads)."""

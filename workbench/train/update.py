@@ -33,6 +33,7 @@ import torch
 from workbench.agents.agent import Agent
 from workbench.agents.packing import packed_attention, supports_packing
 from workbench.agents.rollout import reference_token_logprobs, token_logprobs
+from workbench.agents.threads import threads_for
 from workbench.agents.tokens import TokenBatch, self_token_batch
 from workbench.core import losses
 from workbench.core.losses import LossParams, length_normalized_logp, low_var_kl
@@ -166,8 +167,9 @@ def score_self(
     agent.model.eval()
     for rows in micro_batches:
         view = tokens.select(rows)
-        old_logp_B_T, mask_B_T = token_logprobs(agent, view, temperature=temperature)
-        ref_logp_B_T = reference_token_logprobs(agent, view, temperature)[0] if reference else None
+        with threads_for(agent, _scored_tokens(view)):
+            old_logp_B_T, mask_B_T = token_logprobs(agent, view, temperature=temperature)
+            ref_logp_B_T = reference_token_logprobs(agent, view, temperature)[0] if reference else None
         lengths = length_B[rows].to(old_logp_B_T.device) if length_B is not None else None
         means.append(length_normalized_logp(old_logp_B_T, mask_B_T, lengths))
         widths = view.attention_mask_B_T.sum(dim=-1).tolist()
@@ -281,9 +283,10 @@ class _Step:
         """Forward and backward of ``rows``; records their statistics and returns their share of the
         mini-batch's policy loss."""
         agent, batch, m = self.agent, self.batch, self.m
+        view = batch.tokens.select(rows)
         # A checkpointed backward pass recomputes packed layers: the packed block holds it too.
-        with packed_attention(agent.model) if supports_packing(agent.model) else contextlib.nullcontext():
-            view = batch.tokens.select(rows)
+        packed = packed_attention(agent.model) if supports_packing(agent.model) else contextlib.nullcontext()
+        with threads_for(agent, _scored_tokens(view)), packed:
             logp_B_T, mask_B_T = token_logprobs(agent, view, temperature=self.settings.temperature)
             # HACPO: mini-batch m clips cross ratios to the stepwise bound of m (Eq. 14).
             policy_batch = batch.policy_batch(rows, view, logp_B_T, mask_B_T, m)
@@ -332,7 +335,8 @@ def _clipped_rows(
     ``m``; they need no backward pass. Records their statistics; returns them and the sum of their (constant)
     loss terms, which the mini-batch's loss still holds."""
     view = batch.tokens.select(rows)
-    logp_B_T, mask_B_T = token_logprobs(agent, view, temperature=settings.temperature)
+    with threads_for(agent, _scored_tokens(view)):
+        logp_B_T, mask_B_T = token_logprobs(agent, view, temperature=settings.temperature)
     policy_batch = batch.policy_batch(rows, view, logp_B_T, mask_B_T, m)
     _, stats = loss_fn(policy_batch, params)
     clipped_B = stats.clipped_B == 1
@@ -349,6 +353,11 @@ def _clipped_rows(
         losses.SampleStats(*(getattr(stats, f.name)[clipped_B] for f in dataclasses.fields(stats))),
     )
     return clipped, loss.item() * len(rows)
+
+
+def _scored_tokens(view: TokenBatch) -> int:
+    """The response tokens of a micro-batch: the work measure of `threads_for` in the update's passes."""
+    return int(view.response_mask_B_T.sum())
 
 
 def _kl(
