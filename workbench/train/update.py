@@ -167,7 +167,7 @@ def score_self(
     agent.model.eval()
     for rows in micro_batches:
         view = tokens.select(rows)
-        with threads_for(agent, _scored_tokens(view)):
+        with _threads(agent, view):
             old_logp_B_T, mask_B_T = token_logprobs(agent, view, temperature=temperature)
             ref_logp_B_T = reference_token_logprobs(agent, view, temperature)[0] if reference else None
         lengths = length_B[rows].to(old_logp_B_T.device) if length_B is not None else None
@@ -286,7 +286,7 @@ class _Step:
         view = batch.tokens.select(rows)
         # A checkpointed backward pass recomputes packed layers: the packed block holds it too.
         packed = packed_attention(agent.model) if supports_packing(agent.model) else contextlib.nullcontext()
-        with threads_for(agent, _scored_tokens(view)), packed:
+        with _threads(agent, view), packed:
             logp_B_T, mask_B_T = token_logprobs(agent, view, temperature=self.settings.temperature)
             # HACPO: mini-batch m clips cross ratios to the stepwise bound of m (Eq. 14).
             policy_batch = batch.policy_batch(rows, view, logp_B_T, mask_B_T, m)
@@ -335,7 +335,7 @@ def _clipped_rows(
     ``m``; they need no backward pass. Records their statistics; returns them and the sum of their (constant)
     loss terms, which the mini-batch's loss still holds."""
     view = batch.tokens.select(rows)
-    with threads_for(agent, _scored_tokens(view)):
+    with _threads(agent, view):
         logp_B_T, mask_B_T = token_logprobs(agent, view, temperature=settings.temperature)
     policy_batch = batch.policy_batch(rows, view, logp_B_T, mask_B_T, m)
     _, stats = loss_fn(policy_batch, params)
@@ -355,9 +355,9 @@ def _clipped_rows(
     return clipped, loss.item() * len(rows)
 
 
-def _scored_tokens(view: TokenBatch) -> int:
-    """The response tokens of a micro-batch: the work measure of `threads_for` in the update's passes."""
-    return int(view.response_mask_B_T.sum())
+def _threads(agent: Agent, view: TokenBatch) -> contextlib.AbstractContextManager[None]:
+    """`threads_for` a pass over a micro-batch, its response tokens the measure of its work."""
+    return threads_for(agent, int(view.response_mask_B_T.sum()))
 
 
 def _kl(
