@@ -1,10 +1,11 @@
-"""Benchmark: the quickstart step in-process vs with the Ray executor (one actor per agent), side by side.
+"""Benchmark: the quickstart step under the three executors (in-process, threads, Ray), side by side.
 
-Both start from the same tiny agents and seed, so they run the same steps. In-process, the two agents run one
-after another with torch's default threads (all cores); under Ray each agent's actor gets
-``cpus_per_agent`` = cores / agents CPUs (= its torch threads) and the agents roll out, score and update in
-parallel. Prints Ray's import/init and actor start-up times, then medians over steps of the whole step and
-its phases, and the Ray / in-process ratios. Repetitions alternate the two executors.
+All start from the same tiny agents and seed, so they run the same steps. ``local`` runs the two agents one
+after another with torch's default threads (all cores); ``threads`` runs them at once in the same process, a
+Python thread and cores / agents torch threads each; under Ray each agent's actor gets ``cpus_per_agent`` =
+cores / agents CPUs (= its torch threads) and the agents roll out, score and update in parallel. Prints Ray's
+import/init time, then medians over steps of the agents' start-up, the whole step and its phases, and each
+executor's ratio to ``local``. Repetitions alternate the executors.
 
     .venv/bin/python bench/bench_executors.py [--steps 5] [--reps 2] [--config experiments/quickstart.yaml]
 """
@@ -24,6 +25,7 @@ from workbench.train.rundir import RunWriter, create_run_dir
 from workbench.train.trainer import Trainer
 
 PHASES = ("step", "rollout", "update")
+EXECUTORS = ("local", "threads", "ray")
 
 
 def _time_steps(
@@ -59,23 +61,28 @@ def main() -> None:
     t1 = time.perf_counter()
     ray.init(num_cpus=cores, include_dashboard=False, log_to_driver=False)
     t2 = time.perf_counter()
-    results: dict[str, dict[str, list[float]]] = {"local": {}, "ray": {}}
+    results: dict[str, dict[str, list[float]]] = {executor: {} for executor in EXECUTORS}
     with tempfile.TemporaryDirectory() as root:
         for _ in range(args.reps):
-            for executor in ("local", "ray"):
+            for executor in EXECUTORS:
                 times = _time_steps(args.config, executor, args.steps, root, cpus_per_agent)
                 for key, values in times.items():
                     results[executor].setdefault(key, []).extend(values)
     ray.shutdown()
     print(
-        f"{args.config}, {cores} cores, 2 agents; ray: {cpus_per_agent} CPU(s) and torch thread(s) per agent"
+        f"{args.config}, {cores} cores, 2 agents; threads and ray: {cpus_per_agent} torch thread(s) per agent"
     )
     print(f"import ray {t1 - t0:.1f} s, ray.init {t2 - t1:.1f} s")
-    print(f"{'(medians, s)':<16}{'in-process':>12}{'ray':>10}{'ray/local':>11}")
+    print(
+        f"{'(medians, s)':<16}"
+        + "".join(f"{e:>10}" for e in EXECUTORS)
+        + f"{'threads/local':>15}{'ray/local':>11}"
+    )
     for key in ("start", *PHASES):
-        local, remote = statistics.median(results["local"][key]), statistics.median(results["ray"][key])
+        m = {e: statistics.median(results[e][key]) for e in EXECUTORS}
         label = "agents start" if key == "start" else key
-        print(f"{label:<16}{local:>12.3f}{remote:>10.3f}{remote / local:>11.2f}")
+        figures = "".join(f"{m[e]:>10.3f}" for e in EXECUTORS)
+        print(f"{label:<16}{figures}{m['threads'] / m['local']:>15.2f}{m['ray'] / m['local']:>11.2f}")
     print(f"({args.reps} repetitions x {args.steps} steps each, alternating; start = Trainer construction)")
 
 

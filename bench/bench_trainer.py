@@ -8,7 +8,8 @@ phases as the trainer reports them (``time/*`` of `workbench.train.trainer.Train
 
 - generate: sampling every agent's rollouts (`workbench.agents.rollout.generate`);
 - score: the no-grad log-prob passes before the update (old policy, KL reference), where the trainer times
-  them apart; else they are inside generate/update;
+  them apart; else they are inside generate/update. Where the agents run at once (``executor: threads``) the
+  trainer's per-agent sums exceed the rollout's wall time: generate and score are then its shares of it;
 - update: every learner's batch building, forward/backward and optimizer steps;
 - other: the rest of the step (grading, advantages, batching, logging);
 - cpu: the CPU seconds the process used in the step, all threads (a check when the machine is loaded);
@@ -24,8 +25,9 @@ The SmolLM2 config pairs SmolLM2-135M (LoRA) with Gemma-3-270M when its optional
 with the tiny BPE Llama (as the test suite does): say which in a report.
 
 ``--code DIR ...`` runs the same workers on other checkouts of the package (each worker process imports
-``workbench`` from DIR), interleaved with each other (every algorithm of every checkout, then again), and
-prints one table per checkout and the ratios of each to the first: a before/after comparison in one run.
+``workbench`` and reads the experiment YAML from DIR), interleaved with each other (every algorithm of every
+checkout, then again), and prints one table per checkout and the ratios of each to the first: a before/after
+comparison in one run.
 The run order alternates checkouts within each algorithm and algorithms within each repetition.
 
     .venv/bin/python bench/bench_trainer.py [--steps 3] [--reps 2] [--only quickstart|smollm2] [--code A B]
@@ -81,13 +83,15 @@ def _cpu_s() -> float:
 
 def worker(config: str, algorithm: str, steps: int) -> dict:
     """Trains ``steps`` + 1 steps of one config and algorithm; the phase times of the last ``steps``."""
+    import workbench
     from workbench.config.loading import load_experiment
     from workbench.train.rundir import RunWriter, create_run_dir
     from workbench.train.trainer import Trainer
 
     path, overrides = _configs()[config]
+    checkout = Path(workbench.__file__).resolve().parents[1]  # each checkout's own recipe (--code)
     with tempfile.TemporaryDirectory() as root:
-        cfg = load_experiment(ROOT / path, {**overrides, "algorithm": algorithm, "output.root": root})
+        cfg = load_experiment(checkout / path, {**overrides, "algorithm": algorithm, "output.root": root})
         run_dir = create_run_dir(root, cfg.experiment)
         RunWriter(run_dir).write_config(cfg.to_dict())
         trainer = Trainer(cfg, run_dir)
@@ -109,8 +113,14 @@ def worker(config: str, algorithm: str, steps: int) -> dict:
             if step == 0:  # warm-up: first-call allocations, lazy imports
                 before = totals
                 continue
-            generate = metrics.get("time/generate_s", metrics["time/rollout_s"])
+            rollout = metrics["time/rollout_s"]
+            generate = metrics.get("time/generate_s", rollout)
             score = metrics.get("time/score_s", 0.0)
+            if generate + score > rollout:  # agents ran at once (executor threads): their shares of the wall
+                generate, score = (
+                    rollout * generate / (generate + score),
+                    rollout * score / (generate + score),
+                )
             times["step"].append(metrics["time/step_s"])
             times["generate"].append(generate)
             times["score"].append(score)

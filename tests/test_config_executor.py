@@ -37,7 +37,11 @@ def test_the_config_knows_the_executors_and_ray_options_of_the_train_layer():
 @pytest.mark.parametrize(
     ("data", "match"),
     [
-        ({"executor": "slurm"}, r"executor = 'slurm' is not allowed: one of \['local', 'ray'\]"),
+        ({"executor": "slurm"}, r"executor = 'slurm' is not allowed: one of \['local', 'threads', 'ray'\]"),
+        (
+            {"executor": "threads", "train": {"compile_decode": True}},
+            r"train.compile_decode = True is not allowed: false with executor: threads",
+        ),
         ({"ray": {"cpus_per_agent": 0}}, r"ray.cpus_per_agent = 0.0 is not allowed: > 0"),
         ({"ray": {"cpus_per_agent": "two"}}, r"ray.cpus_per_agent: expected float, got str 'two'"),
         ({"ray": {"gpus_per_agent": -0.5}}, r"ray.gpus_per_agent = -0.5 is not allowed: >= 0 or null"),

@@ -1,7 +1,9 @@
 """The precision policy (``workbench.agents.hf``): no trained weight in bf16, decided by pure functions of
 (spec, device type), so a CPU test loads a tiny model with the CUDA policy and checks every kind of module."""
 
+import concurrent.futures
 import logging
+import threading
 
 import pytest
 import torch
@@ -108,3 +110,23 @@ def test_4bit_qlora_under_the_cuda_policy_keeps_bf16_compute_and_fp32_adapters(b
     cpu = _dtypes(build_model(spec, str(bpe_agent_dir), CPU))
     assert cpu["Embedding"] == cpu["LlamaRMSNorm"] == cpu["lm_head"] == {"float32"}
     assert cpu["Linear4bit.compute_dtype"] == {"float32"}
+
+
+def test_models_loaded_on_two_threads_at_once_all_get_their_weights(char_agent_dir, bpe_agent_dir):
+    """transformers' loading switches process-wide state while it runs; without `build_model`'s lock a load
+    on another thread at the same moment could leave weights on the meta device (agents' reference models
+    load lazily on their own threads under ``executor: threads``)."""
+    sources = [str(char_agent_dir), str(bpe_agent_dir)] * 3
+    start = threading.Barrier(len(sources))
+
+    def load(source: str):
+        start.wait(timeout=30)
+        return build_model(AgentSpec(source), source, CPU)
+
+    with concurrent.futures.ThreadPoolExecutor(len(sources)) as pool:
+        models = list(pool.map(load, sources))
+    for source, model in zip(sources, models, strict=True):
+        reference = build_model(AgentSpec(source), source, CPU).state_dict()
+        state = model.state_dict()
+        assert all(not t.is_meta for t in state.values())
+        assert all(torch.equal(state[k], reference[k]) for k in reference)

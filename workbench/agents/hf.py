@@ -32,6 +32,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -143,9 +144,15 @@ def _quantized_layers(model: Any) -> int:
     return sum("Linear4bit" in type(m).__name__ or "Linear8bit" in type(m).__name__ for m in model.modules())
 
 
+_LOADING = threading.Lock()
+"""One model load at a time in a process: transformers' loading switches process-wide state (the default
+device, whether new weights are initialized) for its duration, so two loads at once on two threads (agents
+loading their reference models under ``executor: threads``) can leave a model's weights on the meta device."""
+
+
 def build_model(spec: AgentSpec, source: str, device: Any, policy: Precision | None = None) -> Any:
     """Loads the model of ``spec`` from ``source`` onto ``device`` with ``policy`` (+ LoRA, + 4/8-bit), in
-    eval mode.
+    eval mode; one load at a time in a process (`_LOADING`).
 
     Args:
         spec: The agent spec.
@@ -154,6 +161,11 @@ def build_model(spec: AgentSpec, source: str, device: Any, policy: Precision | N
         policy: The dtypes; None = `precision_policy` of ``device``'s type. A CPU test passes the CUDA policy
             to check the dtypes a GPU would get.
     """
+    with _LOADING:
+        return _build_model(spec, source, device, policy)
+
+
+def _build_model(spec: AgentSpec, source: str, device: Any, policy: Precision | None) -> Any:
     from transformers import AutoModelForCausalLM
 
     policy = policy or precision_policy(spec, device.type)

@@ -51,7 +51,7 @@ __all__ = [
     "from_dict",
 ]
 
-EXECUTORS = ("local", "ray")
+EXECUTORS = ("local", "threads", "ray")
 """Valid ``executor`` values (the same as ``workbench.train.executors.EXECUTORS``, a layer above)."""
 
 
@@ -79,9 +79,10 @@ class ExperimentConfig:
     description: str = ""
     """Free text shown in tables and the results index."""
     executor: str = "local"
-    """Where the agents run: ``local`` (in the trainer's process, one after another) or ``ray`` (one Ray actor
-    per agent, in parallel; the ``ray`` section). Not part of a run's identity: both give the same results,
-    and a run started with one resumes with the other."""
+    """Where the agents run: ``local`` (in the trainer's process, one after another), ``threads`` (in the
+    trainer's process, at once, a thread and ``torch threads // agents`` each) or ``ray`` (one Ray actor per
+    agent, in parallel; the ``ray`` section). Not part of a run's identity: all give the same results at equal
+    torch threads per agent, and a run started with one resumes with another."""
     task: TaskConfig = field(default_factory=TaskConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     hacpo: HacpoConfig = field(default_factory=HacpoConfig)
@@ -101,6 +102,13 @@ class ExperimentConfig:
             require(ok, "seeds", list(self.seeds), "a non-empty list of unique ints >= 0, or null")
         require(self.algorithm in ALGORITHMS, "algorithm", self.algorithm, f"one of {list(ALGORITHMS)}")
         require(self.executor in EXECUTORS, "executor", self.executor, f"one of {list(EXECUTORS)}")
+        require(
+            not (self.executor == "threads" and self.train.compile_decode),
+            "train.compile_decode",
+            True,
+            "false with executor: threads (torch.compile's CUDA graphs fail on several threads of one "
+            "process, pytorch/pytorch#123177); use executor: local or ray to compile the decode step",
+        )
         if self.algo.share_rollouts:
             n = len(self.agents)
             require(n >= 2, "agents", self.agent_names, f"{self.algorithm} shares rollouts: >= 2 agents")

@@ -1,14 +1,25 @@
-"""Where the agents' workers run: in the trainer's process, one after another, or in Ray actors, in parallel.
+"""Where the agents' workers run: in the trainer's process, one after another or all at once on a thread each,
+or in Ray actors, in parallel.
 
-Both executors hold one `AgentWorker` per agent and implement the `Executor` protocol: one method per worker
+Every executor holds one `AgentWorker` per agent and implement the `Executor` protocol: one method per worker
 call (``rollout``, ``update``, ``evaluate``, ``state_dicts``...), each taking and returning the records of
 `workbench.train.exchange`, one per agent, in agent order. The trainer never knows which executor it has.
 
 | executor | workers | agents run | resources per agent |
 |---|---|---|---|
 | `LocalExecutor` (``local``, default) | in the trainer's process | one after another | the process's |
+| `ThreadExecutor` (``threads``) | in the trainer's process | at once, one thread each | threads ÷ agents |
 | `RayExecutor` (``ray``) | one Ray actor each | in parallel | ``ray.cpus_per_agent`` CPUs (= torch |
 | | | | threads), a GPU when its device is CUDA |
+
+``threads`` runs the costly calls (rollout, update, evaluation) of every agent at once, each on a Python
+thread of its own with ``torch.get_num_threads() // agents`` torch threads (at least 1). torch releases the
+GIL inside its operators, so on CPU two small agents on one thread each keep both cores busy where ``local``
+runs each on two threads, one after another, and pays to wake the second thread at every small operator
+(`workbench.agents.threads`): a quickstart step takes ≈ 0.8× ``local``'s (docs/bench.md). Each agent's calls
+are the same float operations as under ``local`` at that many threads, so the results are bit-identical to
+``local`` (and ``ray``) at equal torch threads (``tests/test_executors.py``). Agents on one GPU share it at
+once, as under Ray: the memory plan gives each an equal share of the device (`workbench.train.plan`).
 
 Placement under Ray: an agent whose ``device`` is ``cuda``, ``cuda:N`` or ``auto`` (on a cluster with GPUs)
 asks for ``ray.gpus_per_agent`` GPUs (default 1) and sees them as ``cuda`` inside its actor (Ray sets
@@ -20,11 +31,15 @@ holds the same environment.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import logging
 import os
 import time
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, TypeVar
+
+import torch
 
 import workbench.train.exchange as exchange
 from workbench.config.agent_spec import AgentSpec
@@ -32,11 +47,22 @@ from workbench.config.sections import RayConfig
 from workbench.train.plan import AgentFacts
 from workbench.train.worker import AgentWorker
 
-__all__ = ["EXECUTORS", "Executor", "LocalExecutor", "RayExecutor", "RayOptions", "make_executor"]
+__all__ = [
+    "EXECUTORS",
+    "Executor",
+    "LocalExecutor",
+    "RayExecutor",
+    "RayOptions",
+    "ThreadExecutor",
+    "make_executor",
+]
 
 log = logging.getLogger(__name__)
 
-EXECUTORS = ("local", "ray")
+T = TypeVar("T")
+R = TypeVar("R")
+
+EXECUTORS = ("local", "threads", "ray")
 """Valid values of the ``executor`` config field."""
 
 FORWARDED_ENV = (
@@ -139,6 +165,62 @@ class LocalExecutor:
 
     def close(self) -> None:
         """Nothing to release."""
+
+
+class ThreadExecutor(LocalExecutor):
+    """Every worker in this process; rollout, update and evaluation of all agents at once, a thread each.
+
+    The workers are built one after another in the calling thread (their adapters' initialization draws from
+    torch's global generator), exactly as `LocalExecutor` builds them; the cheap calls (state dicts, memory
+    facts) stay one after another too.
+
+    Args:
+        worker_kwargs: `AgentWorker` arguments, one per agent.
+        threads: torch's intra-op threads of each agent's thread; None = the caller's threads // agents, at
+            least 1.
+    """
+
+    def __init__(self, worker_kwargs: list[dict[str, Any]], threads: int | None = None) -> None:
+        super().__init__(worker_kwargs)
+        self.threads = threads or max(1, torch.get_num_threads() // len(self.workers))
+        self._pool = concurrent.futures.ThreadPoolExecutor(len(self.workers), thread_name_prefix="agent")
+
+    def _each(self, call: Callable[[AgentWorker, T], R], items: Sequence[T]) -> list[R]:
+        """``call(worker, item)`` for every worker at once; results in agent order, after all have ended.
+
+        A worker's exception is raised (the first agent's first) once every other call has ended, so that no
+        agent is still training when the caller handles it.
+        """
+
+        def on_agent_thread(worker: AgentWorker, item: T) -> R:
+            if torch.get_num_threads() != self.threads:  # per thread in OpenMP; set once per pool thread
+                torch.set_num_threads(self.threads)
+            return call(worker, item)
+
+        caller_threads = torch.get_num_threads()
+        futures = [
+            self._pool.submit(on_agent_thread, w, item) for w, item in zip(self.workers, items, strict=True)
+        ]
+        concurrent.futures.wait(futures)
+        # torch also keeps a process-wide count (new threads start with it): the caller's again.
+        torch.set_num_threads(caller_threads)
+        return [f.result() for f in futures]
+
+    def rollout(self, requests: list[exchange.RolloutRequest]) -> list[exchange.RolloutReport]:
+        """See `Executor.rollout`."""
+        return self._each(AgentWorker.rollout, requests)
+
+    def update(self, requests: list[exchange.UpdateRequest]) -> list[exchange.UpdateReport]:
+        """See `Executor.update`."""
+        return self._each(AgentWorker.update, requests)
+
+    def evaluate(self, request: exchange.EvalRequest) -> list[exchange.EvalReport]:
+        """See `Executor.evaluate`."""
+        return self._each(AgentWorker.evaluate, [request] * len(self.workers))
+
+    def close(self) -> None:
+        """Ends the agents' threads."""
+        self._pool.shutdown(wait=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -295,6 +377,8 @@ def make_executor(
     """The executor named by ``kind`` (`EXECUTORS`)."""
     if kind == "local":
         return LocalExecutor(worker_kwargs)
+    if kind == "threads":
+        return ThreadExecutor(worker_kwargs)
     if kind == "ray":
         return RayExecutor(worker_kwargs, ray_options or RayOptions(), seed=seed)
     raise ValueError(f"executor = {kind!r} is not allowed: one of {list(EXECUTORS)}")

@@ -6,8 +6,9 @@ config alone (`facts_from_config`; no weights are loaded). Per device it takes `
 the device's memory, subtracts the runtime (`workbench.agents.memory.runtime_bytes`, one per process) and
 every agent's resident bytes (weights, adapters, optimizer state, KV reference), and gives each agent the rest
 as its transient budget: all of it with ``executor: local`` (agents run one after another), an equal share
-with ``executor: ray`` (agents on one device run at once). Generation and evaluation batches hold as many rows
-as that budget allows (`workbench.agents.memory.generation_rows` at run time, with the real prompt lengths).
+with ``executor: threads`` or ``ray`` (agents on one device run at once). Generation and evaluation batches
+hold as many rows as that budget allows (`workbench.agents.memory.generation_rows` at run time, with the real
+prompt lengths).
 An update or scoring micro-batch counts ``train.micro_batch_size`` full-length sequences, fewer when
 ``train.micro_batch_tokens`` cuts it (`micro_batch_rows`); packed micro-batches (no padding, shared prompts
 once: `workbench.agents.packing`) hold fewer tokens than that, so the plan errs on the safe side.
@@ -212,7 +213,7 @@ def plan_experiment(cfg: ExperimentConfig, facts: list[AgentFacts]) -> Experimen
         for what does not fit (the message names the knob to change).
     """
     fraction = cfg.train.memory_fraction
-    parallel = cfg.executor == "ray"
+    parallel = cfg.executor != "local"  # agents run at once
     inventories = [Inventory.from_config(f.config) for f in facts]
     memories = [
         agent_memory(

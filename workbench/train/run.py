@@ -164,6 +164,7 @@ def _run_locked(
     """Load the agents, check the free space, resume from the latest checkpoint and `fit` (lock held)."""
     writer = RunWriter(run_dir)
     writer.write_environment()
+    trainer = None
     try:
         trainer = Trainer(cfg, run_dir, on_step=on_step)
         writer.record_start({"start_weights": trainer.start_weights()})
@@ -182,6 +183,9 @@ def _run_locked(
         kept = f"from its checkpoint of step {good[0]}" if good else "from step 0 (no checkpoint yet)"
         log.warning("interrupted: %s is resumable %s; to resume, %s", run_dir, kept, resume_how)
         raise
+    finally:
+        if trainer is not None:  # no agent still running when train() returns or raises
+            trainer.close()
 
 
 def _check_space(trainer: Trainer) -> None:

@@ -69,15 +69,16 @@ class Trainer:
     """Holds a run's agent workers, capability tracker and writer; `workbench.train.run.fit` runs the steps.
 
     Each agent lives in an `AgentWorker` (its model, optimizer and own token ids) run by an executor: in this
-    process (``executor: local``, the default) or in one Ray actor per agent (``executor: ray``), see
-    `workbench.train.executors`. The driver below sees text, rewards and scalars only.
+    process (``executor: local``, the default, one after another; ``threads``, all at once) or in one Ray
+    actor per agent (``executor: ray``), see `workbench.train.executors`. The driver below sees text, rewards
+    and scalars only.
 
     Args:
         cfg: A validated experiment config.
         run_dir: The run directory (created or resumed by :func:`train`).
         on_step: Called with each step's metric dict after it is logged (widgets, notebooks).
-        executor: ``local`` or ``ray``; None = the config's ``executor`` (default ``local``); or an
-            `Executor` already holding the workers (tests drive the step with scripted workers).
+        executor: ``local``, ``threads`` or ``ray``; None = the config's ``executor`` (default ``local``); or
+            an `Executor` already holding the workers (tests drive the step with scripted workers).
     """
 
     def __init__(
