@@ -6,10 +6,15 @@ one step under both profilers and prints:
 - the step's phases as the trainer reports them (``time/*`` of `workbench.train.trainer.Trainer.train_step`);
 - the workbench functions with the largest cumulative time (cProfile; a function's time includes its callees;
   cProfile's per-call cost inflates functions of many small Python calls, e.g. transformers' config reads);
-- the torch operators with the largest self CPU time (torch.profiler), with their share of the step.
+- the torch operators with the largest self CPU time (torch.profiler, every thread), with their share of the
+  step's wall time (under ``executor: threads`` two agents' operators overlap, so the shares may add up past
+  100%).
+
+cProfile sees the calling thread only: under ``executor: threads`` (the quickstart's) the agents' functions
+run on threads of their own and are missing from the function table; ``--executor local`` runs them here.
 
     .venv/bin/python bench/profile_step.py [--config experiments/quickstart.yaml] [--algorithm hacpo]
-        [--top 15] [--dump step.prof]
+        [--executor local] [--top 15] [--dump step.prof]
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="experiments/quickstart.yaml")
     parser.add_argument("--algorithm", default="hacpo")
+    parser.add_argument("--executor", help="local, threads or ray (default: the config's)")
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument(
         "--dump", type=Path, help="also write the cProfile statistics here (for pstats, snakeviz)"
@@ -71,6 +77,8 @@ def main() -> None:
     from workbench.train.trainer import Trainer
 
     overrides = {"task.eval_size": 0, "train.eval_every": 0, "algorithm": args.algorithm}
+    if args.executor:
+        overrides["executor"] = args.executor
     with tempfile.TemporaryDirectory() as root:
         cfg = load_experiment(ROOT / args.config, {**overrides, "output.root": root})
         run_dir = create_run_dir(root, cfg.experiment)
@@ -89,8 +97,9 @@ def main() -> None:
         functions.dump_stats(args.dump)
 
     print(
-        f"{args.config} ({args.algorithm}), one step after a warm-up, torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads; the profilers add overhead: shares, not seconds, carry over"
+        f"{args.config} ({args.algorithm}, executor {cfg.executor}), one step after a warm-up, torch "
+        f"{torch.__version__}, {torch.get_num_threads()} threads; the profilers add overhead: shares, not "
+        "seconds, carry over"
     )
     print(f"step {wall:.2f} s profiled; phases (time/*):")
     for key in sorted(k for k in metrics if k.startswith("time/")):
