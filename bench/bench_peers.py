@@ -60,6 +60,7 @@ def _config(model: str, root: str):
         {
             "agents": [{"name": "peer", "model": model}],
             "algorithm": "gspo",
+            "executor": "local",  # one agent: nothing to run at once
             "output.root": root,
             "task.eval_size": 0,
             "train.eval_every": 0,
