@@ -201,9 +201,11 @@ class ThreadExecutor(LocalExecutor):
         futures = [
             self._pool.submit(on_agent_thread, w, item) for w, item in zip(self.workers, items, strict=True)
         ]
-        concurrent.futures.wait(futures)
-        # torch also keeps a process-wide count (new threads start with it): the caller's again.
-        torch.set_num_threads(caller_threads)
+        try:
+            concurrent.futures.wait(futures)
+        finally:  # also on Ctrl-C: `close` then waits for the calls still running
+            # torch also keeps a process-wide count (new threads start with it): the caller's again.
+            torch.set_num_threads(caller_threads)
         return [f.result() for f in futures]
 
     def rollout(self, requests: list[exchange.RolloutRequest]) -> list[exchange.RolloutReport]:
@@ -219,8 +221,8 @@ class ThreadExecutor(LocalExecutor):
         return self._each(AgentWorker.evaluate, [request] * len(self.workers))
 
     def close(self) -> None:
-        """Ends the agents' threads."""
-        self._pool.shutdown(wait=True)
+        """Ends the agents' threads, after the calls still running (an interrupted step's) have ended."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 @dataclasses.dataclass(frozen=True)
