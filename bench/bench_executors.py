@@ -31,8 +31,8 @@ EXECUTORS = ("local", "threads", "ray")
 def _time_steps(
     config: str, executor: str, steps: int, root: str, cpus_per_agent: float
 ) -> dict[str, list[float]]:
-    cfg = load_experiment(config, {"output.root": root, "task.eval_size": 0})
-    object.__setattr__(cfg, "ray", {"cpus_per_agent": cpus_per_agent})  # until the config has the field
+    overrides = {"output.root": root, "task.eval_size": 0, "ray.cpus_per_agent": cpus_per_agent}
+    cfg = load_experiment(config, overrides)
     run_dir = create_run_dir(root, cfg.experiment)
     RunWriter(run_dir).write_config(cfg.to_dict())
     t0 = time.perf_counter()

@@ -58,6 +58,17 @@ def _operators(profiler, step_s: float, top: int) -> None:
         print(f"{seconds:>8.3f}{seconds / step_s:>8.1%}{event.count:>8}  {event.key}")
 
 
+def _all_threads():
+    """torch.profiler's option to record the operators of every thread, not only the caller's (the agents'
+    threads under ``executor: threads``); experimental in torch, so None where this torch lacks it."""
+    from torch.profiler import _ExperimentalConfig
+
+    try:
+        return _ExperimentalConfig(profile_all_threads=True)
+    except TypeError:
+        return None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="experiments/quickstart.yaml")
@@ -86,7 +97,7 @@ def main() -> None:
         trainer = Trainer(cfg, run_dir)
         trainer.train_step()  # warm-up: first-call allocations, lazy imports
         functions = cProfile.Profile()
-        with profile(activities=[ProfilerActivity.CPU]) as operators:
+        with profile(activities=[ProfilerActivity.CPU], experimental_config=_all_threads()) as operators:
             start = time.perf_counter()
             functions.enable()
             metrics = trainer.train_step()
