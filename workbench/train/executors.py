@@ -1,7 +1,7 @@
 """Where the agents' workers run: in the trainer's process, one after another or all at once on a thread each,
 or in Ray actors, in parallel.
 
-Every executor holds one `AgentWorker` per agent and implement the `Executor` protocol: one method per worker
+Every executor holds one `AgentWorker` per agent and implements the `Executor` protocol: one method per worker
 call (``rollout``, ``update``, ``evaluate``, ``state_dicts``...), each taking and returning the records of
 `workbench.train.exchange`, one per agent, in agent order. The trainer never knows which executor it has.
 
@@ -14,12 +14,13 @@ call (``rollout``, ``update``, ``evaluate``, ``state_dicts``...), each taking an
 
 ``threads`` runs the costly calls (rollout, update, evaluation) of every agent at once, each on a Python
 thread of its own with ``torch.get_num_threads() // agents`` torch threads (at least 1). torch releases the
-GIL inside its operators, so on CPU two small agents on one thread each keep both cores busy where ``local``
-runs each on two threads, one after another, and pays to wake the second thread at every small operator
-(`workbench.agents.threads`): a quickstart step takes ≈ 0.8× ``local``'s (docs/bench.md). Each agent's calls
-are the same float operations as under ``local`` at that many threads, so the results are bit-identical to
-``local`` (and ``ray``) at equal torch threads (``tests/test_executors.py``). Agents on one GPU share it at
-once, as under Ray: the memory plan gives each an equal share of the device (`workbench.train.plan`).
+GIL inside its operators, so on CPU two small agents on one thread each keep both cores busy, where ``local``
+runs them one after another and their small work on one thread (`workbench.agents.threads`: waking a second
+thread costs more than it gives), leaving the other core idle: a quickstart step takes 0.64-0.70× ``local``'s
+(docs/bench.md). Each agent's calls are the same float operations as under ``local`` at that many threads, so
+the results are bit-identical to ``local`` (and ``ray``) at equal torch threads (``tests/test_executors.py``).
+Agents on one GPU share it at once, as under Ray: the memory plan gives each an equal share of the device
+(`workbench.train.plan`; not yet measured on a GPU).
 
 Placement under Ray: an agent whose ``device`` is ``cuda``, ``cuda:N`` or ``auto`` (on a cluster with GPUs)
 asks for ``ray.gpus_per_agent`` GPUs (default 1) and sees them as ``cuda`` inside its actor (Ray sets
