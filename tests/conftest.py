@@ -82,3 +82,15 @@ def gemma3_dir(hacpo_cache):
     from workbench.agents.embedded import ensure_embedded
 
     return ensure_embedded("gemma3-270m")
+
+
+@pytest.fixture
+def two_threads():
+    """torch's intra-op threads = 2 in the test, the caller's again after (the same figures on any machine:
+    two agents get one thread each under ``executor: threads``; small work drops to one)."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(previous)

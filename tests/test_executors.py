@@ -103,15 +103,6 @@ def test_ray_reproduces_the_in_process_run_bit_for_bit_and_resumes(tmp_path, ray
     _assert_same_run(resumed, local_one_thread)
 
 
-@pytest.fixture
-def two_threads():
-    """The caller's torch threads = 2: two agents get one each under ``threads``, on any machine."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(previous)
-
-
 def test_threads_reproduce_the_in_process_run_bit_for_bit_and_resume(tmp_path, local_one_thread, two_threads):
     cfg = _config(tmp_path / "threads", "threads")
     with pytest.raises(_StopError):

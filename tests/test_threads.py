@@ -12,14 +12,6 @@ from workbench.agents.rollout import generate
 from workbench.agents.threads import SERIAL_WORK, serial_work, threads_for
 
 
-@pytest.fixture
-def two_threads():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(previous)
-
-
 def _parameters(agent) -> int:
     return sum(p.numel() for p in agent.model.parameters())
 
