@@ -21,6 +21,8 @@ update's microseconds per such token (its time summed over the timed steps over 
 tokens per second, so that HACPO's update, which trains on both agents' responses, is compared with GSPO's
 per token and not only per step; the generated tokens per second, the peak RSS of the process, the load
 average while each algorithm ran, and the ratios HACPO/GSPO and HACPO/GSPO×2 against the goals in ``GOALS``.
+A step goal's ratio is also given per repetition, from the median step of each algorithm's process in it (the
+processes of one repetition run one after another: paired measurements, whose spread is the run-to-run noise).
 The SmolLM2 config pairs SmolLM2-135M (LoRA) with Gemma-3-270M when its optional package is installed, else
 with the tiny BPE Llama (as the test suite does): say which in a report.
 
@@ -156,6 +158,7 @@ def _run_worker(config: str, algorithm: str, steps: int, code: Path) -> dict:
         raise RuntimeError(f"worker {config} {algorithm} ({code}) failed:\n{out.stderr[-3000:]}")
     result = json.loads(lines[-1])
     result["load"] = [load, os.getloadavg()[0]]
+    result["process_step"] = [statistics.median(result["times"]["step"])]  # this process's median step
     return result
 
 
@@ -166,6 +169,7 @@ def _merge(kept: dict | None, new: dict) -> dict:
         kept["times"][key] += values
     kept["peak_rss_mb"] = max(kept["peak_rss_mb"], new["peak_rss_mb"])
     kept["load"] += new["load"]
+    kept["process_step"] += new["process_step"]
     return kept
 
 
@@ -212,7 +216,11 @@ def _report(config: str, label: str, results: dict[str, dict]) -> dict[str, dict
             continue
         if what == "step":
             ratio, cpu_ratio = med[num]["step"] / med[den]["step"], med[num]["cpu"] / med[den]["cpu"]
-            extra = f" (CPU seconds: {cpu_ratio:.2f})"
+            # repetition r's processes ran one after another: their ratio is a paired measurement
+            paired = [a / b for a, b in zip(results[num]["process_step"], results[den]["process_step"])]
+            extra = (
+                f" (CPU seconds: {cpu_ratio:.2f}; per repetition: {', '.join(f'{x:.2f}' for x in paired)})"
+            )
         else:
             ratio, extra = med[num]["update_us_per_token"] / med[den]["update_us_per_token"], ""
         verdict = "met" if ratio <= goal else "MISSED"
