@@ -83,3 +83,58 @@ def test_a_model_whose_logits_are_not_a_plain_head_uses_its_own_logits(bpe_agent
     assert head_parts(bpe_agent.model) is None
     own, _ = token_logprobs(bpe_agent, batch)
     torch.testing.assert_close(own, plain, **TOL)
+
+
+class _Head(torch.nn.Module):
+    """A bare LM head for peft to wrap."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lm_head = torch.nn.Linear(16, 50, bias=False)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.5])
+def test_a_lora_head_gets_the_direct_gradients_also_with_active_dropout(dropout):
+    """The LoRA matrices are the head's trainable parameters: their gradients (and the hidden states') come
+    out of the hand-written backward pass; with active dropout the checkpoint replays the forward's mask
+    (a recomputation without the replay would draw another mask and differ)."""
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(0)
+    config = LoraConfig(
+        r=4, lora_alpha=8, target_modules=["lm_head"], lora_dropout=dropout, init_lora_weights=False
+    )
+    head = get_peft_model(_Head(), config).base_model.model.lm_head
+    head.train()
+    assert logprobs._has_active_dropout(head) == (dropout > 0)
+    hidden_N_H = torch.randn(11, 16, requires_grad=True)
+    targets_N = torch.randint(0, 50, (11,))
+    inputs = [hidden_N_H, *(p for p in head.parameters() if p.requires_grad)]
+    assert len(inputs) == 3  # lora_A and lora_B; the base weight is frozen
+    torch.manual_seed(1)
+    chunked = selective_logprobs(hidden_N_H, targets_N, head, temperature=0.7)
+    grads = torch.autograd.grad(chunked.square().sum(), inputs)
+    torch.manual_seed(1)
+    direct = _direct(head(hidden_N_H), targets_N, 0.7)
+    expected = torch.autograd.grad(direct.square().sum(), inputs)
+    torch.testing.assert_close(chunked, direct, **TOL)
+    for got, want in zip(grads, expected):
+        torch.testing.assert_close(got, want, **TOL)
+
+
+def test_a_tied_head_sums_the_gradients_of_its_two_uses():
+    """GPT-2 ties the LM head to the token embedding: the weight's gradient is that of both uses."""
+    torch.manual_seed(0)
+    embedding = torch.nn.Embedding(50, 16)
+    head = torch.nn.Linear(16, 50, bias=False)
+    head.weight = embedding.weight
+    ids_N = torch.randint(0, 50, (9,))
+    targets_N = torch.randint(0, 50, (9,))
+    chunked = selective_logprobs(torch.tanh(embedding(ids_N)), targets_N, head, chunk=4)
+    (got,) = torch.autograd.grad(chunked.sum(), [embedding.weight])
+    direct = _direct(head(torch.tanh(embedding(ids_N))), targets_N)
+    (want,) = torch.autograd.grad(direct.sum(), [embedding.weight])
+    torch.testing.assert_close(got, want, **TOL)
