@@ -1,10 +1,13 @@
 """Benchmark: HACPO vs GSPO vs GSPO×2 per phase and per trained token, side by side in one run (not a test).
 
 For each config (the quickstart's tiny pair and the SmolLM2 config), each algorithm trains in its own process
-(so each has its own peak RSS) for one warm-up step and then ``--steps`` timed steps, ``--reps`` times, the
-algorithms alternating so that a change of machine load hits all of them alike. All start from the same
-agents, seed and prompts. Prints, per config, the medians over every timed step of the whole step and its
-phases as the trainer reports them (``time/*`` of `workbench.train.trainer.Trainer.train_step`):
+(so each has its own peak RSS) for one warm-up step and then ``--steps`` timed steps, ``--reps`` times. The
+processes of a repetition run in lockstep: all are started and set up, then they take turns one step at a
+time (HACPO's step k, GSPO's step k, GSPO×2's step k, the order rotating from step to step), the others
+waiting idle, so that a change of the machine's speed hits every algorithm alike (run one process after
+another, the same GSPO code gave medians 12% apart). All start from the same agents, seed and prompts.
+Prints, per config, the medians over every timed step of the whole step and its phases as the trainer reports
+them (``time/*`` of `workbench.train.trainer.Trainer.train_step`):
 
 - generate: sampling every agent's rollouts (`workbench.agents.rollout.generate`);
 - score: the no-grad log-prob passes before the update (old policy, KL reference), where the trainer times
@@ -20,17 +23,15 @@ counted; ``trained_tokens`` on a checkout without that key, where the update for
 update's microseconds per such token (its time summed over the timed steps over their tokens summed) and its
 tokens per second, so that HACPO's update, which trains on both agents' responses, is compared with GSPO's
 per token and not only per step; the generated tokens per second, the peak RSS of the process, the load
-average while each algorithm ran, and the ratios HACPO/GSPO and HACPO/GSPO×2 against the goals in ``GOALS``.
+average over the repetitions, and the ratios HACPO/GSPO and HACPO/GSPO×2 against the goals in ``GOALS``.
 A step goal's ratio is also given per repetition, from the median step of each algorithm's process in it (the
-processes of one repetition run one after another: paired measurements, whose spread is the run-to-run noise).
+processes of one repetition ran in lockstep: paired measurements, whose spread is the run-to-run noise).
 The SmolLM2 config pairs SmolLM2-135M (LoRA) with Gemma-3-270M when its optional package is installed, else
 with the tiny BPE Llama (as the test suite does): say which in a report.
 
 ``--code DIR ...`` runs the same workers on other checkouts of the package (each worker process imports
-``workbench`` and reads the experiment YAML from DIR), interleaved with each other (every algorithm of every
-checkout, then again), and prints one table per checkout and the ratios of each to the first: a before/after
-comparison in one run.
-The run order alternates checkouts within each algorithm and algorithms within each repetition.
+``workbench`` and reads the experiment YAML from DIR), every algorithm of every checkout in the same lockstep,
+and prints one table per checkout and the ratios of each to the first: a before/after comparison in one run.
 
     .venv/bin/python bench/bench_trainer.py [--steps 3] [--reps 2] [--only quickstart|smollm2] [--code A B]
 """
@@ -84,7 +85,11 @@ def _cpu_s() -> float:
 
 
 def worker(config: str, algorithm: str, steps: int) -> dict:
-    """Trains ``steps`` + 1 steps of one config and algorithm; the phase times of the last ``steps``."""
+    """Trains ``steps`` + 1 steps of one config and algorithm; the phase times of the last ``steps``.
+
+    Lockstep with the parent (`_Worker`): prints ``ready`` once set up, then waits for a ``step`` line on
+    stdin before each step and prints ``done`` after it.
+    """
     import workbench
     from workbench.config.loading import load_experiment
     from workbench.train.rundir import RunWriter, create_run_dir
@@ -100,10 +105,14 @@ def worker(config: str, algorithm: str, steps: int) -> dict:
         names = [spec.display_name for spec in cfg.agents]
         times: dict[str, list[float]] = {phase: [] for phase in PHASES} | {"tokens": [], "trained": []}
         before = {"tokens": 0.0, "trained": 0.0}
+        print("ready", flush=True)
         for step in range(steps + 1):
+            if sys.stdin.readline().strip() != "step":
+                raise RuntimeError("the benchmark's parent process ended before this worker's last step")
             cpu = _cpu_s()
             metrics = trainer.train_step()
             cpu = _cpu_s() - cpu
+            print("done", flush=True)
             totals = {  # cumulative over the run
                 "tokens": sum(metrics.get(f"cost/{n}/generated_tokens", 0.0) for n in names),
                 # the tokens its updates forwarded (every trained token where no key says otherwise)
@@ -142,24 +151,79 @@ def worker(config: str, algorithm: str, steps: int) -> dict:
     }
 
 
-def _run_worker(config: str, algorithm: str, steps: int, code: Path) -> dict:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(code), os.environ.get("PYTHONPATH", "")]))
-    load = os.getloadavg()[0]
-    out = subprocess.run(
-        [sys.executable, __file__, "--worker", config, algorithm, str(steps)],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=code,
-        env=env,
-    )
-    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
-    if out.returncode != 0 or not lines:
-        raise RuntimeError(f"worker {config} {algorithm} ({code}) failed:\n{out.stderr[-3000:]}")
-    result = json.loads(lines[-1])
-    result["load"] = [load, os.getloadavg()[0]]
-    result["process_step"] = [statistics.median(result["times"]["step"])]  # this process's median step
-    return result
+class _Worker:
+    """One worker process (`worker`) of one checkout, config and algorithm, driven a step at a time."""
+
+    def __init__(self, config: str, algorithm: str, steps: int, code: Path) -> None:
+        self.label = f"worker {config} {algorithm} ({code})"
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(code), os.environ.get("PYTHONPATH", "")]))
+        # a file, not a pipe: a full pipe would stall the worker; closed in `result`
+        self.stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--worker", config, algorithm, str(steps)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.stderr,
+            text=True,
+            cwd=code,
+            env=env,
+        )
+        self.lines: list[str] = []
+
+    def expect(self, word: str) -> None:
+        """Reads the worker's output up to the line ``word``; raises with its stderr if it ended first."""
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            if line.strip() == word:
+                return
+        self.proc.wait()
+        self.stderr.seek(0)
+        raise RuntimeError(
+            f"{self.label} failed (exit {self.proc.returncode}):\n{self.stderr.read()[-3000:]}"
+        )
+
+    def step(self) -> None:
+        """Runs one step of the worker and waits for it."""
+        self.proc.stdin.write("step\n")
+        self.proc.stdin.flush()
+        self.expect("done")
+
+    def result(self) -> dict:
+        """The worker's result after its last step (`worker`'s return value)."""
+        self.proc.stdin.close()
+        self.lines += self.proc.stdout.readlines()
+        self.proc.wait()
+        found = [line for line in self.lines if line.startswith("{")]
+        if self.proc.returncode != 0 or not found:
+            self.stderr.seek(0)
+            raise RuntimeError(f"{self.label} failed:\n{self.stderr.read()[-3000:]}")
+        self.stderr.close()
+        result = json.loads(found[-1])
+        result["process_step"] = [statistics.median(result["times"]["step"])]  # this process's median step
+        return result
+
+
+def _repetition(config: str, steps: int, codes: list[Path]) -> list[dict[str, dict]]:
+    """One process per checkout and algorithm, in lockstep (module docstring); the results per checkout."""
+    workers = [[_Worker(config, a, steps, code) for a in ALGORITHMS] for code in codes]
+    flat = [w for per_code in workers for w in per_code]
+    try:
+        for w in flat:
+            w.expect("ready")
+        load = os.getloadavg()[0]
+        for step in range(steps + 1):
+            k = step % len(flat)  # rotate the order: no algorithm always runs first
+            for w in flat[k:] + flat[:k]:
+                w.step()
+        load = [load, os.getloadavg()[0]]
+        return [
+            {a: {**w.result(), "load": load} for a, w in zip(ALGORITHMS, per_code)} for per_code in workers
+        ]
+    finally:
+        for w in flat:
+            if w.proc.poll() is None:
+                w.proc.kill()
+                w.proc.wait()
 
 
 def _merge(kept: dict | None, new: dict) -> dict:
@@ -245,7 +309,7 @@ def _compare(config: str, codes: list[Path], meds: list[dict[str, dict[str, floa
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=3, help="timed steps per process (after one warm-up)")
-    parser.add_argument("--reps", type=int, default=2, help="processes per algorithm, alternating")
+    parser.add_argument("--reps", type=int, default=2, help="processes per algorithm, one lockstep run each")
     parser.add_argument("--only", choices=["quickstart", "smollm2"], help="one config only")
     parser.add_argument("--code", nargs="+", type=Path, help="checkouts to compare (default: this one)")
     parser.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
@@ -261,9 +325,8 @@ def main() -> None:
         reps = args.reps if config == "quickstart" else max(1, args.reps // 2)
         t0 = time.perf_counter()
         for _ in range(reps):
-            for algorithm in ALGORITHMS:
-                for i, code in enumerate(codes):
-                    r = _run_worker(config, algorithm, args.steps, code)
+            for i, per_algorithm in enumerate(_repetition(config, args.steps, codes)):
+                for algorithm, r in per_algorithm.items():
                     results[i][algorithm] = _merge(results[i].get(algorithm), r)
         meds = [
             _report(config, f" ({code})" if len(codes) > 1 else "", result)
