@@ -158,7 +158,7 @@ class _Worker:
     def __init__(self, config: str, algorithm: str, steps: int, code: Path) -> None:
         self.label = f"worker {config} {algorithm} ({code})"
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(code), os.environ.get("PYTHONPATH", "")]))
-        # a file, not a pipe: a full pipe would stall the worker; closed in `result`
+        # a file, not a pipe: a full pipe would stall the worker; closed by `_repetition`
         self.stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [sys.executable, __file__, "--worker", config, algorithm, str(steps)],
@@ -178,8 +178,12 @@ class _Worker:
             if line.strip() == word:
                 return
         self.proc.wait()
+        raise self._failure()
+
+    def _failure(self) -> RuntimeError:
+        """The error of a worker that ended early or failed, with the end of its stderr."""
         self.stderr.seek(0)
-        raise RuntimeError(
+        return RuntimeError(
             f"{self.label} failed (exit {self.proc.returncode}):\n{self.stderr.read()[-3000:]}"
         )
 
@@ -196,9 +200,7 @@ class _Worker:
         self.proc.wait()
         found = [line for line in self.lines if line.startswith("{")]
         if self.proc.returncode != 0 or not found:
-            self.stderr.seek(0)
-            raise RuntimeError(f"{self.label} failed:\n{self.stderr.read()[-3000:]}")
-        self.stderr.close()
+            raise self._failure()
         result = json.loads(found[-1])
         result["process_step"] = [statistics.median(result["times"]["step"])]  # this process's median step
         return result
@@ -225,6 +227,7 @@ def _repetition(config: str, steps: int, codes: list[Path]) -> list[dict[str, di
             if w.proc.poll() is None:
                 w.proc.kill()
                 w.proc.wait()
+            w.stderr.close()
 
 
 def _merge(kept: dict | None, new: dict) -> dict:
