@@ -1,0 +1,239 @@
+"""The vLLM rollout engine: merged policy weights, the server's life, greedy agreement with the built-in loop,
+and a sync that really changes what the engine samples.
+
+Tests marked ``engine`` need the engine environment (``make engine``; `.ci/run` builds it) and skip, with that
+reason, where it is missing. They serve the embedded SmolLM2-135M (a real model: vLLM cannot serve the tiny
+presets' 16-wide attention heads) with a LoRA adapter, in fp32, without vLLM's compilation.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from workbench.agents.forward.merged import merged_state_dict
+from workbench.agents.generation.engine import check_rollouts
+from workbench.agents.generation.rollout import generate
+from workbench.agents.generation.vllm_engine import EngineError, VLLMEngine, engine_python
+from workbench.agents.models.loading import load_agent
+
+
+def _engine_python():
+    try:
+        return engine_python()
+    except EngineError as exc:
+        return pytest.skip(f"no vLLM engine environment ({exc})", allow_module_level=False)
+
+
+def _perturb_lora(agent, scale: float, seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in agent.model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(scale * torch.randn(param.shape, generator=generator))
+
+
+PROMPTS = [f"What is {a} + {b} * {c}? Put the answer in \\boxed{{}}." for a, b, c in
+           [(3, 4, 5), (7, 2, 9), (1, 8, 6), (9, 9, 2), (5, 0, 7), (2, 6, 3), (8, 1, 4), (6, 7, 1),
+            (4, 3, 8), (0, 5, 5), (9, 2, 7), (3, 3, 3), (7, 8, 2), (1, 1, 9), (6, 4, 6), (2, 9, 1),
+            (5, 5, 4), (8, 6, 0), (4, 7, 7), (0, 2, 8)]]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def lora_smollm2(smollm2_dir):
+    """SmolLM2-135M with a LoRA adapter whose B is not zero (so merging changes the weights)."""
+    agent = load_agent(
+        {"model": str(smollm2_dir), "name": "smollm2", "lora": {"r": 8, "alpha": 16}, "max_new_tokens": 40}
+    )
+    _perturb_lora(agent, 0.02, seed=0)
+    return agent
+
+
+def test_merged_weights_equal_peft_merge_and_leave_the_model_alone(bpe_agent_dir):
+    agent = load_agent({"model": str(bpe_agent_dir), "name": "bpe", "lora": {"r": 4, "alpha": 8}})
+    _perturb_lora(agent, 0.1, seed=1)
+    before = agent.weights_digest()
+    merged = merged_state_dict(agent)
+    reference = copy.deepcopy(agent.model).merge_and_unload().state_dict()
+    assert agent.weights_digest() == before  # training goes on with the same adapters
+    assert set(merged) == set(reference)
+    base = dict(agent.model.get_base_model().named_parameters())
+    changed = 0
+    for key, value in reference.items():
+        torch.testing.assert_close(merged[key], value, rtol=0, atol=1e-6)
+        original = base.get(key.replace(".weight", ".base_layer.weight"))
+        changed += original is not None and not torch.equal(original, value)
+    assert changed > 0  # the adapters were folded in somewhere
+
+
+def test_a_missing_engine_environment_names_the_command_that_builds_it(tmp_path):
+    with pytest.raises(EngineError, match="make engine"):
+        engine_python(tmp_path / "no-such-env")
+    (tmp_path / "bare" / "bin").mkdir(parents=True)
+    (tmp_path / "bare" / "bin" / "python").touch()
+    with pytest.raises(EngineError, match="no vllm package"):
+        engine_python(tmp_path / "bare")
+
+
+@pytest.fixture(scope="module")
+def engine_env():
+    """The engine environment's Python (the test skips, saying why, without it); ask for it first, so that a
+    skipped test loads no model."""
+    return _engine_python()
+
+
+@pytest.fixture(scope="module")
+def engine(engine_env, lora_smollm2):
+    served = VLLMEngine(lora_smollm2, engine_env, enforce_eager=True, threads=1).start()
+    yield served
+    served.close()
+
+
+def _greedy(source, prompts, max_new_tokens=40):
+    kwargs = dict(temperature=0.0, top_p=1.0, max_new_tokens=max_new_tokens, author=0, seed=0)
+    if hasattr(source, "server"):
+        return source.generate(prompts, 1, **kwargs)
+    return generate(source, prompts, 1, **kwargs)
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+def test_engine_greedy_answers_equal_the_built_in_loop(engine, lora_smollm2):
+    ours = _greedy(lora_smollm2, PROMPTS)
+    served = _greedy(engine, PROMPTS)
+    check_rollouts(lora_smollm2, PROMPTS, 1, served, author=0, max_new_tokens=40)
+    same = sum(a.response_ids == b.response_ids for a, b in zip(ours, served))
+    assert same >= 0.95 * len(PROMPTS), [(a.text, b.text) for a, b in zip(ours, served) if a.text != b.text]
+    assert [r.finish_reason for r in served] == [r.finish_reason for r in ours]
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+def test_sync_makes_the_engine_sample_the_updated_policy(engine, lora_smollm2):
+    before = _greedy(engine, PROMPTS[:8])
+    saved = {k: v.clone() for k, v in lora_smollm2.model.named_parameters() if "lora_B" in k}
+    try:
+        _perturb_lora(lora_smollm2, 0.2, seed=2)  # an "update" large enough to change greedy answers
+        stale = _greedy(engine, PROMPTS[:8])
+        assert [r.response_ids for r in stale] == [r.response_ids for r in before]  # not synced yet
+        engine.sync()
+        after = _greedy(engine, PROMPTS[:8])
+        ours = _greedy(lora_smollm2, PROMPTS[:8])
+        assert [r.response_ids for r in after] != [r.response_ids for r in before]
+        assert sum(a.response_ids == b.response_ids for a, b in zip(after, ours)) >= 7
+    finally:
+        with torch.no_grad():
+            for name, param in lora_smollm2.model.named_parameters():
+                if name in saved:
+                    param.copy_(saved[name])
+        engine.sync()
+    assert [r.response_ids for r in _greedy(engine, PROMPTS[:8])] == [r.response_ids for r in before]
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+def test_sampled_rollouts_follow_the_engine_contract_and_the_seed(engine, lora_smollm2):
+    kwargs = dict(temperature=1.0, top_p=1.0, max_new_tokens=24, author=1, seed=5)
+    first = engine.generate(PROMPTS[:3], 4, **kwargs)
+    check_rollouts(lora_smollm2, PROMPTS[:3], 4, first, author=1, max_new_tokens=24)
+    again = engine.generate(PROMPTS[:3], 4, **kwargs)
+    assert [r.response_ids for r in again] == [r.response_ids for r in first]
+    assert len({tuple(r.response_ids) for r in first}) > 3  # samples, not 12 copies of one answer
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+def test_a_killed_server_is_a_named_error_and_close_removes_everything(engine_env, lora_smollm2):
+    served = VLLMEngine(lora_smollm2, engine_env, enforce_eager=True, threads=1).start()
+    server = served.server
+    folder, pid = server.socket_path.parent, server.pid
+    assert oct(folder.stat().st_mode & 0o777) == "0o700" and server.socket_path.is_socket()
+    os.kill(pid, signal.SIGKILL)
+    server._process.wait(timeout=60)
+    with pytest.raises(EngineError, match="not running"):
+        served.generate(PROMPTS[:1], 1, temperature=0.0, top_p=1.0, max_new_tokens=8, author=0, seed=0)
+    served.close()
+    assert not folder.exists()
+
+
+def _real_pair_overrides(root):
+    return [
+        "train.engine=vllm",
+        "train.engine_eager=true",
+        "train.steps=2",
+        "train.prompts_per_step=1",
+        "train.minibatch_prompts=1",
+        "train.save_every=1",
+        "task.eval_size=0",
+        "executor=local",
+        f"output.root={root}",
+    ]
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+def test_a_hacpo_run_of_the_real_pair_samples_with_the_engine_and_resumes_after_a_killed_server(
+    engine_env, tmp_path
+):
+    """Two HACPO steps of the real pair with vLLM sampling; in a second run the SmolLM2 server is killed
+    after step 1: the next rollout is a named error, and the resumed run ends with the same weights."""
+    import psutil
+
+    from workbench.core.paths import PROJECT_ROOT
+    from workbench.train.checkpoint import load_latest_checkpoint
+    from workbench.train.run import train
+
+    def servers(marker: str = "vllm.entrypoints", skip: frozenset[int] = frozenset()) -> list[psutil.Process]:
+        found = []
+        for process in psutil.Process().children(recursive=True):
+            try:
+                if (
+                    process.pid not in skip
+                    and marker in " ".join(process.cmdline())
+                    and process.status() != psutil.STATUS_ZOMBIE
+                ):
+                    found.append(process)
+            except psutil.Error:  # a process that ended meanwhile
+                pass
+        return found
+
+    # servers of other tests (the module's `engine` fixture) may still run: they are not this test's
+    earlier = frozenset(process.pid for process in servers())
+    run_servers = functools.partial(servers, skip=earlier)
+
+    def no_servers_left() -> bool:
+        for _ in range(30):  # a loaded machine may take a moment to let the killed processes go
+            if not run_servers():
+                return True
+            time.sleep(2)
+        return False
+
+    yaml_path = PROJECT_ROOT / "experiments" / "real_pair.yaml"
+    straight = train(yaml_path, overrides=[*_real_pair_overrides(tmp_path / "straight"), "seeds=[0]"])
+    assert (straight / "DONE").exists()
+    assert no_servers_left(), run_servers()
+
+    def kill_smollm2_server(metrics):
+        if metrics.get("step") == 1:
+            for process in run_servers("hacpo-policy-smollm2"):
+                process.kill()
+
+    interrupted_root = tmp_path / "interrupted"
+    overrides = [*_real_pair_overrides(interrupted_root), "seeds=[0]"]
+    with pytest.raises(EngineError, match=r"vLLM server of .*smollm2"):  # "not running" or "did not answer"
+        train(yaml_path, overrides=overrides, on_step=kill_smollm2_server)
+    assert no_servers_left(), run_servers()
+    resumed = train(yaml_path, overrides=overrides)
+    assert (resumed / "DONE").exists()
+    _, a = load_latest_checkpoint(straight)
+    _, b = load_latest_checkpoint(resumed)
+    for key in [k for k in a if k.startswith("agent_")]:
+        assert a[key].keys() == b[key].keys()
+        for name in a[key]:
+            assert torch.equal(a[key][name], b[key][name]), (key, name)
