@@ -1,17 +1,20 @@
 """Command line: ``python -m workbench {run,plan,demo,reproduce,eval,export,summarize}``.
 
 - ``run EXPERIMENT.yaml [--set key=value ...] [--seeds 0,1,2] [--dry-run]``: train one experiment, one run
-  directory per seed (a matching unfinished run resumes); ``--dry-run`` checks it and prints the resolved
-  config without loading a model.
+  directory per seed (a matching unfinished run resumes); it first says where each run writes and whether it
+  starts, resumes or is skipped, and ends with each run's held-out table; ``--dry-run`` checks it and prints
+  the resolved config and those lines without loading a model. ``--set`` may come before the path too.
 - ``plan EXPERIMENT.yaml [--device cuda|cpu] [--memory 80GiB]``: per agent the bytes of weights, adapters,
   optimizer state, KV cache, activations and logits, and the batch sizes the trainer will pick.
 - ``demo [--seeds ...]``: the main job — the quickstart notebook (HACPO vs GSPO), then a table.
 - ``reproduce [--smoke] [--only NAME ...] [--seeds ...]``: re-execute every benchmark/ablation notebook.
 - ``eval TARGET``: a run's trained agents (or a model) on benchmarks and task sources: avg@k, pass@k, best@k.
 - ``export RUN_DIR [--merged]``: each trained agent written with ``save_pretrained``.
-- ``summarize [RESULTS_ROOT] [--check-against COMPARISON_CSV]``: the results summary (tables with seeds)
-  and, optionally, ``docs/results.md``; ``--check-against`` checks it, as a rerun, against a committed
-  ``comparison.csv`` (each mean within 2 standard errors) into ``rerun_check.csv``.
+- ``summarize [RESULTS_ROOT] [--out DIR] [--force] [--check-against COMPARISON_CSV]``: the results summary
+  (tables with seeds) into ``RESULTS_ROOT/summary`` (a summary committed to git is replaced only with
+  ``--force``), its comparison table printed, and, optionally, ``docs/results.md``; ``--check-against``
+  checks it, as a rerun, against a committed ``comparison.csv`` (each mean within 2 standard errors) into
+  ``rerun_check.csv``.
 - ``zoo list`` / ``zoo build [NAME ...] [--ship]``: the agents shipped in ``zoo/`` and their cards; rebuild
   one on this machine and see how far it lands from the shipped card.
 
@@ -22,18 +25,16 @@ before any model loads (`workbench.train.preflight`).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import os
 import re
 import signal
 import sys
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pandas is imported by the commands that need it
-    import pandas as pd
+    pass
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported (2-core machines)
 
@@ -60,39 +61,9 @@ def _seeds(text: str) -> tuple[int, ...]:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    import yaml
+    from workbench.jobs.commands import run_command
 
-    from workbench.config.experiment import expand_seeds
-    from workbench.config.loading import load_experiment
-    from workbench.core.paths import project_path
-    from workbench.train.preflight import check_experiment
-
-    cfg = load_experiment(project_path(args.experiment), args.set)
-    if args.seeds:
-        cfg = dataclasses.replace(cfg, seeds=args.seeds)
-    check_experiment(cfg)
-    configs = expand_seeds(cfg)
-    if args.dry_run:
-        log.info("%s", yaml.safe_dump(cfg.to_dict(), sort_keys=False, allow_unicode=True).rstrip())
-        log.info(
-            "# checked: no bad input; would train %d run(s), seeds %s",
-            len(configs),
-            [c.seed for c in configs],
-        )
-        return 0
-    from workbench.train.run import train
-    from workbench.train.tracking import Tracker
-
-    for seed_cfg in configs:
-        with Tracker(seed_cfg) as tracker:
-            run_dir = train(
-                seed_cfg,
-                on_step=tracker.on_step,
-                resume=not args.fresh,
-                reuse_other_code=args.reuse_other_code,
-            )
-        log.info("run directory (seed %d): %s", seed_cfg.seed, run_dir)
-    return 0
+    return run_command(args)
 
 
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*(GiB|GB|MiB|MB|G|M)?", re.IGNORECASE)
@@ -164,7 +135,7 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from workbench.agents.agent import AgentLoadError
+    from workbench.agents.forward.agent import AgentLoadError
     from workbench.config.checks import ConfigError
     from workbench.jobs.evaluation import evaluate_target
     from workbench.lab.stats import formatted
@@ -197,9 +168,9 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from workbench.agents.agent import AgentLoadError
-    from workbench.agents.export import export_run
-    from workbench.agents.loading import is_run_dir
+    from workbench.agents.forward.agent import AgentLoadError
+    from workbench.agents.models.export import export_run
+    from workbench.agents.models.loading import is_run_dir
     from workbench.config.checks import ConfigError
     from workbench.core.paths import project_path
 
@@ -219,72 +190,15 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_summarize(args: argparse.Namespace) -> int:
-    from workbench.config.checks import ConfigError
-    from workbench.core.paths import project_path
-    from workbench.lab.frames import find_run_dirs
-    from workbench.lab.results_section import update_readme
-    from workbench.lab.summary import write_summary
+    from workbench.jobs.commands import summarize_command
 
-    root = project_path(args.results_root)
-    out = Path(args.out) if args.out else project_path("results/summary")
-    run_dirs = find_run_dirs([root]) if root.is_dir() else []
-    if not run_dirs:
-        raise ConfigError(f"RESULTS_ROOT = {args.results_root!r} is not allowed: it holds no run directory")
-    committed = _committed_comparison(args.check_against, out) if args.check_against else None
-    try:
-        files = write_summary(run_dirs, out)
-    except ValueError as exc:  # nothing finished to summarize: the message lists the runs left out
-        raise ConfigError(f"RESULTS_ROOT = {args.results_root!r}: {exc}") from None
-    log.info("summary of %d run directories:", len(run_dirs))
-    for path in files:
-        log.info("  %s", path)
-    if args.readme:
-        log.info("updated %s", update_readme(project_path(args.readme), out))
-    if committed is not None:
-        from workbench.lab.rerun import rerun_check_line, rerun_check_markdown, write_rerun_check
-
-        check, path = write_rerun_check(committed, out)
-        log.info(
-            "\nthis summary against %s (each mean within 2 SE of the committed one):\n", args.check_against
-        )
-        log.info("%s", "\n".join(rerun_check_markdown(check)))
-        log.info("\n%s\nwrote %s", rerun_check_line(check), path)
-    elif (out / "rerun_check.csv").is_file():  # a check of an earlier summary in this folder: stale now
-        (out / "rerun_check.csv").unlink()
-        log.info("removed %s (it checked the summary this one replaced)", out / "rerun_check.csv")
-    return 0
-
-
-def _committed_comparison(given: str, out: Path) -> pd.DataFrame:
-    """The ``comparison.csv`` of ``--check-against`` (a file, or the summary folder holding it), read before
-    anything is written; refused when it is missing, unreadable, or the very file this summary overwrites."""
-    from workbench.config.checks import ConfigError
-    from workbench.core.paths import project_path
-    from workbench.lab.rerun import read_comparison
-
-    path = project_path(given)
-    path = path / "comparison.csv" if path.is_dir() else path
-    if not path.is_file():
-        where = "" if str(path) == given else f" ({path})"
-        raise ConfigError(
-            f"--check-against = {given!r} is not allowed: no such file{where}; a comparison.csv written by "
-            "summarize, or its folder (e.g. results/summary/comparison.csv)"
-        )
-    if path.resolve() == (out / "comparison.csv").resolve():
-        raise ConfigError(
-            f"--check-against = {given!r} is not allowed: it is the comparison.csv this summary would "
-            f"overwrite (--out {out}); summarize the rerun elsewhere, e.g. --out /tmp/rerun-summary"
-        )
-    try:
-        return read_comparison(path)
-    except ValueError as exc:  # empty, not a CSV (or not UTF-8), or not a comparison
-        raise ConfigError(f"--check-against = {given!r} is not allowed: {exc}") from None
+    return summarize_command(args)
 
 
 def _cmd_zoo(args: argparse.Namespace) -> int:
-    from workbench.agents.shipped import shipped_card
-    from workbench.agents.warm import WARM_STARTS, rebuild_warm
-    from workbench.agents.zoo import TINY_PRESETS, rebuild_tiny
+    from workbench.agents.models.shipped import shipped_card
+    from workbench.agents.models.warm import WARM_STARTS, rebuild_warm
+    from workbench.agents.models.zoo import TINY_PRESETS, rebuild_tiny
     from workbench.config.checks import ConfigError
 
     known = [f"tiny:{n}" for n in TINY_PRESETS] + [f"warm:{n}" for n in WARM_STARTS]
@@ -318,9 +232,16 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     seeds = {"type": _seeds, "metavar": "0,1,2", "help": "training seeds, one run directory each"}
     run = sub.add_parser("run", help="train one experiment YAML")
-    run.add_argument("experiment", help="path of an experiment YAML, e.g. experiments/quickstart.yaml")
     run.add_argument(
-        "--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE", help="overrides (several pairs)"
+        "experiment", nargs="?", help="path of an experiment YAML, e.g. experiments/quickstart.yaml"
+    )
+    run.add_argument(
+        "--set",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="KEY=VALUE",
+        help="overrides (several pairs), before or after the YAML path",
     )
     run.add_argument("--seeds", **seeds)
     run.add_argument("--fresh", action="store_true", help="start a new run even if a matching one exists")
@@ -378,7 +299,10 @@ def _parser() -> argparse.ArgumentParser:
         "summarize", help="tables of every run (mean ± std over seeds) and the generated results section"
     )
     summ.add_argument("results_root", nargs="?", default="results", help="where the run directories are")
-    summ.add_argument("--out", help="summary folder (default results/summary)")
+    summ.add_argument("--out", help="summary folder (default RESULTS_ROOT/summary, beside the runs)")
+    summ.add_argument(
+        "--force", action="store_true", help="replace a summary committed to git (results/summary/)"
+    )
     summ.add_argument("--readme", help="also rewrite the results section of this file (e.g. docs/results.md)")
     summ.add_argument(
         "--check-against",
@@ -409,11 +333,11 @@ def main(argv: list[str] | None = None) -> int:
     _setup_logging(args.verbose)
     from workbench.config.experiment import ConfigError
     from workbench.core.lock import RunLockedError
-    from workbench.core.storage import StorageError
+    from workbench.core.storage import StorageError, UnsafeCheckpointError
 
     try:
         return args.func(args)
-    except (ConfigError, FileNotFoundError, StorageError, RunLockedError) as exc:
+    except (ConfigError, FileNotFoundError, StorageError, RunLockedError, UnsafeCheckpointError) as exc:
         # Named failures a person can fix (the message says how): one line, no traceback.
         log.error("error: %s", exc)
         return 2

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from workbench.config.frozen import FrozenMap
+from workbench.config.trl import suggestion
 
 __all__ = [
     "NAME_PATTERN",
@@ -26,6 +27,7 @@ __all__ = [
     "reject_unknown",
     "require",
     "require_name",
+    "unknown_key_problems",
 ]
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
@@ -35,13 +37,23 @@ _FLOAT_RE = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
 
 class ConfigError(ValueError):
-    """A config key, value or path is wrong; the message names it and what is allowed."""
+    """A config key, value or path is wrong; the message names it and what is allowed.
+
+    Args:
+        message: The paragraph shown to the user.
+        key: The dotted key at fault (``train.lr``), when one is (lets `workbench.config.problems` report
+            every mistake of a config in one pass).
+    """
+
+    def __init__(self, message: str, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
 
 
 def require(condition: bool, key: str, value: Any, allowed: str) -> None:
     """Raise :class:`ConfigError` ``"<key> = <value> is not allowed: <allowed>"`` unless ``condition``."""
     if not condition:
-        raise ConfigError(f"{key} = {value!r} is not allowed: {allowed}")
+        raise ConfigError(f"{key} = {value!r} is not allowed: {allowed}", key=key)
 
 
 def reject_unknown(
@@ -49,12 +61,23 @@ def reject_unknown(
 ) -> None:
     """Raise ``error`` naming the first key of ``data`` that is no field of the dataclass ``cls``, and the
     valid keys; ``section`` says where the keys sit (``train``, ``lora``; empty: the top level)."""
-    valid = [f.name for f in dataclasses.fields(cls)]
-    unknown = sorted(set(data) - set(valid), key=str)
-    if unknown:
-        key = f"{section}.{unknown[0]}" if section else repr(unknown[0])
+    problems = unknown_key_problems(data, cls, section)
+    if problems:
+        raise error(problems[0])
+
+
+def unknown_key_problems(data: Mapping[str, Any], cls: type | list[str], section: str = "") -> list[str]:
+    """One message per key of ``data`` that is no field of the dataclass ``cls`` (or not in a list of valid
+    names): the valid keys, and a "did you mean" for a near name or a TRL name
+    (`workbench.config.trl.suggestion`)."""
+    valid = cls if isinstance(cls, list) else [f.name for f in dataclasses.fields(cls)]
+    problems = []
+    for name in sorted(set(data) - set(valid), key=str):
+        key = f"{section}.{name}" if section else repr(name)
         where = f"valid keys of {section!r}" if section else "valid top-level keys"
-        raise error(f"unknown key {key}; {where}: {valid}")
+        hint = suggestion(str(name), valid, section)
+        problems.append(f"unknown key {key}; {where}: {valid}" + (f"; {hint}" if hint else ""))
+    return problems
 
 
 def require_name(key: str, value: str, why: str) -> None:
@@ -84,10 +107,12 @@ def coerce(where: str, value: Any, annotation: Any) -> Any:
             raise errors[0]  # a mapping or list with a bad value inside: that message names it
         names = [_type_name(a) for a in options]
         names += ["null"] if type(None) in args else []
-        raise ConfigError(f"{where}: expected {' or '.join(names)}, got {type(value).__name__} {value!r}")
+        raise ConfigError(
+            f"{where}: expected {' or '.join(names)}, got {type(value).__name__} {value!r}", key=where
+        )
     if origin is tuple and len(args) == 2 and args[1] is Ellipsis and args[0] in (int, float, str, bool):
         if not isinstance(value, list | tuple):
-            raise ConfigError(f"{where}: expected a list, got {type(value).__name__} {value!r}")
+            raise ConfigError(f"{where}: expected a list, got {type(value).__name__} {value!r}", key=where)
         return tuple(coerce(f"{where}[{i}]", v, args[0]) for i, v in enumerate(value))
     if annotation is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
@@ -96,16 +121,16 @@ def coerce(where: str, value: Any, annotation: Any) -> Any:
     if annotation in (int, float, str, bool):
         if type(value) is not annotation:
             raise ConfigError(
-                f"{where}: expected {annotation.__name__}, got {type(value).__name__} {value!r}"
+                f"{where}: expected {annotation.__name__}, got {type(value).__name__} {value!r}", key=where
             )
         return value
     if annotation is FrozenMap:
         if not isinstance(value, Mapping):
-            raise ConfigError(f"{where}: expected a mapping, got {type(value).__name__} {value!r}")
+            raise ConfigError(f"{where}: expected a mapping, got {type(value).__name__} {value!r}", key=where)
         try:
             return FrozenMap(value)
         except TypeError as exc:
-            raise ConfigError(f"{where}: {exc}") from None
+            raise ConfigError(f"{where}: {exc}", key=where) from None
     return value
 
 

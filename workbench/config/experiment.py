@@ -7,7 +7,7 @@ all check), before any model loads, and every message names the key, the value a
 coercions happen there too: int → float, ``"1e-4"`` → 1e-4, task knobs → a read-only `FrozenMap`. The
 resolved config (``to_dict``) is the first file written into every run directory.
 
-Algorithms, baselines and ablations are configurations, never forked code (style principle 6): ``algorithm``
+Algorithms, baselines and ablations are configurations, never forked code: ``algorithm``
 picks a row of ``workbench.config.methods.ALGORITHMS``, the ``hacpo`` section's switches define the
 ablations, and ``label`` names the method in tables and figures (``workbench.config.methods.METHODS``).
 """
@@ -22,8 +22,10 @@ from typing import Any
 from workbench.config.agent_spec import AgentSpec, AgentSpecError
 from workbench.config.checks import ConfigError, build, coerce_fields, reject_unknown, require, require_name
 from workbench.config.frozen import thaw
-from workbench.config.methods import ALGORITHMS, METHODS, Method
+from workbench.config.methods import ALGORITHMS, METHODS, Method, StepMethod, resolve_step_method
+from workbench.config.problems import config_problems
 from workbench.config.sections import (
+    LR_SCHEDULES,
     NO_KNOBS,
     RATIO_NORMALIZATIONS,
     REPORT_TO,
@@ -36,6 +38,7 @@ from workbench.config.sections import (
 
 __all__ = [
     "EXECUTORS",
+    "LR_SCHEDULES",
     "NO_KNOBS",
     "RATIO_NORMALIZATIONS",
     "REPORT_TO",
@@ -109,6 +112,14 @@ class ExperimentConfig:
             "false with executor: threads (torch.compile's CUDA graphs fail on several threads of one "
             "process, pytorch/pytorch#123177); use executor: local or ray to compile the decode step",
         )
+        if self.train.engine == "vllm":
+            for k, agent in enumerate(self.agents):
+                require(
+                    agent.quantization == "none",
+                    f"agents[{k}].quantization",
+                    agent.quantization,
+                    "none with train.engine: vllm (the engine loads merged full-precision weights)",
+                )
         if self.algo.share_rollouts:
             n = len(self.agents)
             require(n >= 2, "agents", self.agent_names, f"{self.algorithm} shares rollouts: >= 2 agents")
@@ -132,6 +143,11 @@ class ExperimentConfig:
     def algo(self) -> Method:
         """The mechanics of ``algorithm``: its row of ``workbench.config.methods.METHODS``."""
         return ALGORITHMS[self.algorithm]
+
+    @property
+    def step_method(self) -> StepMethod:
+        """What the training step does under this method and config (`StepMethod`)."""
+        return resolve_step_method(self.algorithm, self.train, self.hacpo)
 
     @property
     def agent_names(self) -> list[str]:
@@ -215,14 +231,22 @@ def from_dict(data: Mapping[str, Any]) -> ExperimentConfig:
     """Build and validate an :class:`ExperimentConfig` from plain data (YAML, ``to_dict``).
 
     Unknown keys are errors here; every other check runs on construction (``ExperimentConfig.__post_init__``).
+    A config with several mistakes raises one `ConfigError` listing all of them
+    (`workbench.config.problems.config_problems`).
     """
     if not isinstance(data, Mapping):
         raise ConfigError(f"an experiment config must be a mapping, got {type(data).__name__}")
-    reject_unknown(data, ExperimentConfig)
-    for key in ("experiment", "agents"):
-        if key not in data:
-            raise ConfigError(f"missing required key {key!r}")
-    return ExperimentConfig(**data)
+    try:
+        reject_unknown(data, ExperimentConfig)
+        for key in ("experiment", "agents"):
+            if key not in data:
+                raise ConfigError(f"missing required key {key!r}")
+        return ExperimentConfig(**data)
+    except ConfigError:
+        problems = config_problems(data, ExperimentConfig, _SECTIONS)
+        if len(problems) < 2:
+            raise
+    raise ConfigError(f"{len(problems)} mistakes, all of them:\n- " + "\n- ".join(problems))
 
 
 def expand_seeds(cfg: ExperimentConfig) -> list[ExperimentConfig]:

@@ -8,6 +8,7 @@ data into it (lists become tuples, mappings `FrozenMap`); `thaw` turns it back i
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -83,7 +84,10 @@ def freeze(value: Any, where: str = "value") -> Any:
 
 
 def thaw(value: Any) -> Any:
-    """The inverse of `freeze`: `FrozenMap` → dict, tuples → lists (what ``yaml.safe_dump`` writes)."""
+    """The inverse of `freeze`: `FrozenMap` → dict, tuples → lists (what ``yaml.safe_dump`` writes); a
+    dataclass instance (a ``task.rewards`` entry) becomes the mapping of its fields."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: thaw(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, Mapping):
         return {k: thaw(v) for k, v in value.items()}
     if isinstance(value, list | tuple):

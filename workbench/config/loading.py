@@ -133,17 +133,54 @@ a run resumes under either executor (they give the same results, ``tests/test_ex
 written before these keys existed hash as they did."""
 
 
+ADDED_DEFAULTS: dict[tuple[str, str], Any] = {
+    ("hacpo", "own_advantage"): "joint",
+    ("hacpo", "batch_order"): "own_first",
+    ("task", "rewards"): [],
+    ("train", "lr_schedule"): "constant",
+    ("train", "warmup_steps"): 0,
+    ("train", "warmup_ratio"): 0.0,
+    ("train", "mask_truncated"): False,
+    ("train", "engine"): "hf",
+    ("train", "engine_eager"): False,
+}
+"""Section keys added after runs were committed, with the value that reproduces those runs: left out of
+`config_hash` at that value, so a config written before the key existed hashes as it did."""
+ADDED_AGENT_DEFAULTS: dict[str, Any] = {
+    "top_k": 0,
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+    "stop_strings": [],
+    "lr": None,
+    "lr_schedule": None,
+}
+"""The same for the keys of each agent (the peft fields of ``lora`` are written only when set)."""
+
+
 def config_hash(cfg: dict[str, Any]) -> str:
     """A stable 12-hex-digit hash of a resolved config (key order, tuples vs lists and paths vs strings
-    do not matter; `PLACEMENT_KEYS` and ``output.root`` are left out), used to decide whether a run directory
-    holds "the same config": a finished run moved to another results folder is still found there."""
+    do not matter; `PLACEMENT_KEYS`, ``output.root`` and `ADDED_DEFAULTS` at their value are left out), used
+    to decide whether a run directory holds "the same config": a finished run moved to another results
+    folder is still found there."""
     plain = to_plain(cfg)
     if isinstance(plain, dict):
         plain = {k: v for k, v in plain.items() if k not in PLACEMENT_KEYS}
         if isinstance(plain.get("output"), dict):
             plain["output"] = {k: v for k, v in plain["output"].items() if k != "root"}
+        for (section, key), value in ADDED_DEFAULTS.items():
+            if isinstance(plain.get(section), dict) and plain[section].get(key, value) == value:
+                plain[section] = {k: v for k, v in plain[section].items() if k != key}
+        if isinstance(plain.get("agents"), list):
+            plain["agents"] = [_without_added(agent) for agent in plain["agents"]]
     text = json.dumps(plain, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
+
+
+def _without_added(agent: Any) -> Any:
+    """An agent's plain data without the keys of `ADDED_AGENT_DEFAULTS` at their default."""
+    if not isinstance(agent, dict):
+        return agent
+    return {k: v for k, v in agent.items() if k not in ADDED_AGENT_DEFAULTS or v != ADDED_AGENT_DEFAULTS[k]}
 
 
 def read_run_config(run_dir: Path | str) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """The one table of methods: every algorithm, baseline and ablation, its mechanics, switches and looks.
 
-Baselines and ablations are configurations, never forked code (style principle 6). A *method* is what a
+Baselines and ablations are configurations, never forked code. A *method* is what a
 table row or a figure line shows: an ``algorithm`` (how the shared machinery runs) plus, for an ablation,
 the switches of the ``hacpo`` section that define it. An experiment names its method with ``label`` (empty:
 the algorithm); config validation checks that a known label agrees with its switches, and tables, figures
@@ -21,6 +21,8 @@ and reports take the display label, colour and order from here (dict order is di
 | ``hacpo-nostepwise`` | no Stepwise | hacpo | ``delta_step: 0`` | Figure 4 |
 | ``hacpo-noclip`` | no Clip | hacpo | ``clip_cross: false`` | Figure 4 |
 | ``hacpo-bytes`` | HACPO (bytes) | hacpo | ``ratio_normalization: bytes`` | (beyond the paper) |
+| ``hacpo-owngroup`` | HACPO (own Eq. 5) | hacpo | ``own_advantage: group`` | (beyond the paper) |
+| ``hacpo-mixed`` | HACPO (mixed) | hacpo | ``batch_order: by_prompt`` | (the authors' main branch) |
 | ``hacpo`` | HACPO | itself (shares, capability-aware advantages, HACPO loss) | | Table 1 |
 
 A name not in the table (a user's own ``label``) is shown as it is, in a spare colour, after the known
@@ -35,12 +37,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from workbench.config.frozen import FrozenMap
+from workbench.config.sections import HacpoConfig, TrainConfig
 
 __all__ = [
     "ALGORITHMS",
     "METHODS",
     "SPARE_COLORS",
     "Method",
+    "StepMethod",
     "method_colors",
     "method_label",
     "method_sort_key",
@@ -146,6 +150,8 @@ METHODS: dict[str, Method] = {
         _ablation(_HACPO, "hacpo-nostepwise", "no Stepwise", "#882255", "Figure 4", delta_step=0.0),
         _ablation(_HACPO, "hacpo-noclip", "no Clip", "#44AA99", "Figure 4", clip_cross=False),
         _ablation(_HACPO, "hacpo-bytes", "HACPO (bytes)", "#EE7733", "", ratio_normalization="bytes"),
+        _ablation(_HACPO, "hacpo-owngroup", "HACPO (own Eq. 5)", "#EE3377", "", own_advantage="group"),
+        _ablation(_HACPO, "hacpo-mixed", "HACPO (mixed)", "#997700", "", batch_order="by_prompt"),
         _HACPO,
     )
 }  # fmt: skip
@@ -184,3 +190,54 @@ def method_colors(names: Sequence[str]) -> list[str]:
 def methods_in(paper: str) -> list[str]:
     """Names of the methods the paper reports in ``paper`` (``"Table 4"``), in display order."""
     return [name for name, m in METHODS.items() if m.paper == paper]
+
+
+@dataclass(frozen=True)
+class StepMethod:
+    """Everything a training step needs to know about its method, resolved once from the method's row of
+    :data:`ALGORITHMS` and the config (`resolve_step_method`; ``ExperimentConfig.step_method``): the step
+    reads it and decides nothing itself."""
+
+    shares_rollouts: bool
+    """Learners train on every agent's rollouts (Sec. 3.3), or each on its own."""
+    group_size: int
+    """Responses per prompt and agent: G times the method's multiplier (2G for GSPO×2)."""
+    baseline_omega: bool
+    """Weight source a's rewards by ω^(learner, a) in each learner's baseline (Eq. 7); False: the plain mean
+    of the joint group when sharing (− Adv, Naive), of the own group otherwise."""
+    own_advantage: str
+    """Advantage of a learner's own rows when sharing: ``joint`` (Eq. 6) or ``group`` (Eq. 5)."""
+    loss: str
+    """Policy loss name in ``workbench.core.losses.POLICY_LOSSES``."""
+    loss_omega: bool
+    """Scale a shared row's loss term by ω^(source, learner) (Eq. 10); False: 1 (− ω, Naive)."""
+    eps_low: float
+    """Self-sample clip ε_low (the method's own, GRPO's 0.2, or ``hacpo.eps_low``)."""
+    eps_high: float
+    """Self-sample clip ε_high."""
+    shared_old_policy: str
+    """Whose old log-likelihood a shared row's ratio divides by: ``source`` (Eq. 11) or ``learner`` (its
+    own at the start of the step: the symmetric Naive)."""
+    batch_order: str
+    """Order of a learner's rows over its mini-batches: ``own_first`` or ``by_prompt``."""
+    ratio_normalization: str
+    """Length a shared row's log-likelihoods are divided by: each side's ``tokens`` (Eq. 25) or ``bytes``."""
+
+
+def resolve_step_method(algorithm: str, train: TrainConfig, hacpo: HacpoConfig) -> StepMethod:
+    """The `StepMethod` of an ``algorithm`` under a config's ``train`` and ``hacpo`` sections."""
+    method = ALGORITHMS[algorithm]
+    eps_low, eps_high = method.clip or (hacpo.eps_low, hacpo.eps_high)
+    return StepMethod(
+        shares_rollouts=method.share_rollouts,
+        group_size=train.group_size * method.group_multiplier,
+        baseline_omega=method.capability_advantages and hacpo.capability_baseline,
+        own_advantage=hacpo.own_advantage,
+        loss=method.loss,
+        loss_omega=method.omega_coef and hacpo.omega_in_loss,
+        eps_low=eps_low,
+        eps_high=eps_high,
+        shared_old_policy="learner" if hacpo.naive_symmetric else "source",
+        batch_order=hacpo.batch_order,
+        ratio_normalization=hacpo.ratio_normalization,
+    )

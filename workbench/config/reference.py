@@ -1,6 +1,6 @@
 """The configuration reference, rendered from the config dataclasses' field docstrings (``docs/config.md``).
 
-Every config field carries a one-line docstring right below it (style principle 7). Python does not keep
+Every config field carries a one-line docstring right below it. Python does not keep
 those strings at run time, so `field_docs` reads them from the class source with ``ast``; `render_reference`
 turns every section into a Markdown table (key, default, meaning) in YAML spelling. ``tests/test_docs.py``
 checks that ``docs/config.md`` is what this renders, so the reference cannot drift from the code::
@@ -21,7 +21,9 @@ from typing import Any
 
 from workbench.config.agent_spec import AgentSpec, LoraSpec
 from workbench.config.experiment import ExperimentConfig
+from workbench.config.reward_spec import RewardSpec
 from workbench.config.sections import HacpoConfig, OutputConfig, RayConfig, TaskConfig, TrainConfig
+from workbench.config.trl import TRL_NAMES
 from workbench.core.paths import PROJECT_ROOT
 
 __all__ = ["SECTIONS", "field_docs", "render_reference", "write_reference"]
@@ -31,6 +33,7 @@ SECTIONS: tuple[tuple[str, type], ...] = (
     ("agents[i]", AgentSpec),
     ("agents[i].lora", LoraSpec),
     ("task", TaskConfig),
+    ("task.rewards[i]", RewardSpec),
     ("train", TrainConfig),
     ("hacpo", HacpoConfig),
     ("output", OutputConfig),
@@ -38,6 +41,8 @@ SECTIONS: tuple[tuple[str, type], ...] = (
 )
 """Where each dataclass sits in an experiment YAML, in the order of the reference."""
 REFERENCE = PROJECT_ROOT / "docs" / "config.md"
+_KEY_LABELS = {(LoraSpec, "extra"): "(any other field of peft's `LoraConfig`)"}
+"""Rows whose key is not written as such: `LoraSpec.extra` holds the peft fields written beside the four."""
 
 
 def field_docs(cls: type) -> dict[str, str]:
@@ -98,9 +103,29 @@ def render_reference() -> str:
         lines += ["| key | default | meaning |", "|---|---|---|"]
         for f in dataclasses.fields(cls):
             doc = docs.get(f.name) or (f"The `{f.name}` section below." if _default(f) == "(section)" else "")
-            lines.append(f"| `{f.name}` | {_default(f)} | {_cell(doc)} |")
+            key = _KEY_LABELS.get((cls, f.name), f"`{f.name}`")
+            default = "`{}`" if (cls, f.name) in _KEY_LABELS else _default(f)
+            lines.append(f"| {key} | {default} | {_cell(doc)} |")
         lines.append("")
-    return "\n".join(lines)
+    return "\n".join(lines + _trl_table())
+
+
+def _trl_table() -> list[str]:
+    """The "Coming from TRL" section: each ``GRPOConfig`` name and the key that does the same here
+    (`workbench.config.trl.TRL_NAMES`, the table the "did you mean" of an unknown key reads)."""
+    lines = [
+        "## Coming from TRL",
+        "",
+        "Where each `GRPOConfig` setting (and peft's LoRA names) lives here; an unknown key that is one of",
+        "these names is answered with the key that does the same (`workbench.config.trl`).",
+        "",
+        "| TRL | here | note |",
+        "|---|---|---|",
+    ]
+    for name, (target, note) in TRL_NAMES.items():
+        lines.append(f"| `{name}` | {f'`{target}`' if target else '—'} | {_cell(note)} |")
+    lines.append("")
+    return lines
 
 
 def write_reference(path: str | Path = REFERENCE) -> Path:

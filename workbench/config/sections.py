@@ -8,15 +8,25 @@ section is made, and every message names ``section.field``, the value and what i
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from workbench.config.checks import ConfigError, coerce_fields, require, require_name
 from workbench.config.frozen import FrozenMap
+from workbench.config.reward_spec import RewardSpec, reward_specs
 from workbench.core.knobs import HACPO_KNOBS, knob_problem
 from workbench.tasks.rewards import reward_problem
 
+ENGINES = ("hf", "vllm")
+"""Rollout engines (``train.engine``)."""
+
 __all__ = [
+    "BATCH_ORDERS",
+    "LR_SCHEDULES",
     "NO_KNOBS",
+    "OWN_ADVANTAGES",
     "RATIO_NORMALIZATIONS",
     "REPORT_TO",
     "HacpoConfig",
@@ -30,7 +40,13 @@ NO_KNOBS = FrozenMap()
 """The default task knobs: none."""
 RATIO_NORMALIZATIONS = ("tokens", "bytes")
 """Valid ``hacpo.ratio_normalization`` values."""
+OWN_ADVANTAGES = ("joint", "group")
+"""Valid ``hacpo.own_advantage`` values."""
+BATCH_ORDERS = ("own_first", "by_prompt")
+"""Valid ``hacpo.batch_order`` values."""
 REPORT_TO = ("tensorboard", "trackio", "wandb")  # output.report_to sinks (workbench.train.tracking)
+LR_SCHEDULES = ("constant", "linear", "cosine")
+"""Valid ``train.lr_schedule`` values: transformers' ``get_scheduler`` names (with warm-up when set)."""
 
 
 @dataclass(frozen=True)
@@ -52,7 +68,14 @@ class TaskConfig:
     """Instruction appended to each question; None = the bare question (tiny char-level agents)."""
     reward: str = "math_verify"
     """Grader: ``math_verify``, ``boxed_exact``, ``numeric`` (``workbench.tasks.rewards.REWARD_METHODS``), or
-    your own function as ``package.module:function`` (imported and tried once when the config loads)."""
+    your own function as ``package.module:function`` (imported and tried once when the config loads). It
+    measures accuracy: ``train/acc``, the capability P̂ (Eq. 9, hence ω) and every evaluation; the run trains
+    on it too unless ``rewards`` is set."""
+    rewards: tuple[RewardSpec, ...] = ()
+    """Reward functions the run trains on, TRL's ``reward_funcs`` with their ``reward_weights``:
+    ``[{fn: math_verify, weight: 1}, {fn: format_boxed, weight: 0.2}]`` (the ``task.rewards[i]`` section); the
+    advantages (shared by HACPO) are of their weighted sum, each logged as ``reward/<agent>/<name>/mean`` and
+    ``/std``; P̂ keeps measuring accuracy with ``reward``. Empty = ``reward`` alone."""
     knobs: FrozenMap = NO_KNOBS
     """Extra keyword arguments for the task source (e.g. ``n_ops: [1, 3]``, ``max_operand: 9``); read-only,
     lists become tuples."""
@@ -64,6 +87,7 @@ class TaskConfig:
     ``eval/<source>/avg@k/<agent>`` (``<source>``: a file's stem, else the name with ``:`` made ``_``)."""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "rewards", reward_specs(self.rewards))
         coerce_fields(self, "task")
         require(bool(self.source.strip()), "task.source", self.source, "a non-empty source name")
         if self.eval_source is not None:
@@ -76,12 +100,30 @@ class TaskConfig:
             self.eval_seed is None or self.eval_seed >= 0, "task.eval_seed", self.eval_seed, ">= 0 or null"
         )
         if problem := reward_problem(self.reward):
-            raise ConfigError(problem)
+            raise ConfigError(problem, key="task.reward")
         require(
             all(map(str.strip, self.eval_sources)), "task.eval_sources", self.eval_sources, "source names"
         )
         unique = len(set(self.eval_sources)) == len(self.eval_sources)
         require(unique, "task.eval_sources", list(self.eval_sources), "each source once")
+
+    def held_out_sources(self) -> list[tuple[str, str, Mapping[str, Any]]]:
+        """``(field, source, knobs)`` of every held-out source, the main one first.
+
+        ``eval_source`` (None: the training source's ``test`` split) with ``eval_knobs`` (None: ``knobs`` for
+        the same source, else none), then any further ``eval_sources`` (each ``{source, knobs}`` or a name).
+        """
+        source = self.eval_source or self.source
+        knobs = self.eval_knobs
+        if knobs is None:
+            knobs = self.knobs if source == self.source else {}
+        found = [("task.eval_source" if self.eval_source else "task.source", source, knobs)]
+        for i, extra in enumerate(self.eval_sources or ()):
+            if isinstance(extra, str):
+                found.append((f"task.eval_sources[{i}]", extra, {}))
+            else:
+                found.append((f"task.eval_sources[{i}]", extra["source"], extra.get("knobs") or {}))
+        return found
 
 
 @dataclass(frozen=True)
@@ -103,7 +145,16 @@ class TrainConfig:
     sizes micro-batches by what they cost when lengths vary (a longer sequence goes alone); null = sequences
     alone. Memory knob only: the loss and gradients do not depend on it."""
     lr: float = 1e-4
-    """AdamW learning rate (paper: 1e-6 for full fine-tuning of 2-8B models)."""
+    """AdamW learning rate (paper: 1e-6 for full fine-tuning of 2-8B models); ``agents[i].lr`` per agent."""
+    lr_schedule: str = "constant"
+    """Learning-rate schedule over the run's ``steps`` (`LR_SCHEDULES`, through transformers'
+    ``get_scheduler``): ``constant``, ``linear`` (decay to 0) or ``cosine``, after ``warmup_steps`` of linear
+    warm-up from 0; stepped once per training step, so every mini-batch of a step uses one rate and every
+    method the same rate at the same step. Its state is in every checkpoint."""
+    warmup_steps: int = 0
+    """Warm-up steps of the schedule (the first step's rate is then 0, as in transformers); 0 = none."""
+    warmup_ratio: float = 0.0
+    """Warm-up as a share of ``steps`` (``ceil(warmup_ratio · steps)`` steps), instead of ``warmup_steps``."""
     adam_beta1: float = 0.9
     """AdamW β1."""
     adam_beta2: float = 0.999
@@ -124,6 +175,10 @@ class TrainConfig:
     """Rollout nucleus sampling."""
     max_new_tokens: int = 32
     """Rollout length cap in tokens."""
+    mask_truncated: bool = False
+    """Responses cut by ``max_new_tokens`` (finish reason ``length``) carry no gradient, in every learner's
+    batch (TRL's ``mask_truncated_completions``): they are still graded, count in their group's baseline and
+    in their mini-batch's mean, and are logged (``train/truncated_frac/<agent>``)."""
     eval_every: int = 10
     """Evaluate on the held-out split every this many steps (and at step 0 and the end); 0 = only ends."""
     eval_max_new_tokens: int | None = None
@@ -141,6 +196,14 @@ class TrainConfig:
     memory_fraction: float = 0.9
     """Share of each device's memory (a GPU's, or the machine's RAM on CPU) the memory plan may fill; it sizes
     generation and evaluation batches and their KV cache (``python -m workbench plan`` prints the plan)."""
+    engine: str = "hf"
+    """What samples the rollouts: ``hf`` (the workbench's decode loop on the trained model) or ``vllm`` (a
+    vLLM server per agent in its own environment, built by ``make engine``; the merged policy is reloaded
+    after every update: `workbench.agents.generation.vllm_engine`, ``docs/engine.md``). Old log-probs are
+    the trainer's own scoring pass either way."""
+    engine_eager: bool = False
+    """With ``engine: vllm``: skip vLLM's compilation (a server starts in ≈ 45 s instead of ≈ 2 min on 2
+    CPU cores; sampling speed: ``docs/engine.md``)."""
     compile_decode: bool = False
     """Run the rollout decode step under ``torch.compile`` (CUDA graphs on GPU, mode ``reduce-overhead``) over
     a static KV cache: rows stay in the batch until all have finished."""
@@ -159,10 +222,24 @@ class TrainConfig:
             self.minibatch_prompts,
             f"must divide train.prompts_per_step = {self.prompts_per_step}",
         )
+        require(self.engine in ENGINES, "train.engine", self.engine, f"one of {list(ENGINES)}")
         require(self.micro_batch_size >= 1, "train.micro_batch_size", self.micro_batch_size, ">= 1")
         mbt = self.micro_batch_tokens
         require(mbt is None or mbt >= 1, "train.micro_batch_tokens", mbt, ">= 1 or null")
         require(self.lr > 0, "train.lr", self.lr, "> 0")
+        require(
+            self.lr_schedule in LR_SCHEDULES, "train.lr_schedule", self.lr_schedule, f"one of {LR_SCHEDULES}"
+        )
+        require(
+            0 <= self.warmup_steps <= self.steps, "train.warmup_steps", self.warmup_steps, "in [0, steps]"
+        )
+        require(0 <= self.warmup_ratio < 1, "train.warmup_ratio", self.warmup_ratio, "in [0, 1)")
+        require(
+            not (self.warmup_steps and self.warmup_ratio),
+            "train.warmup_ratio",
+            self.warmup_ratio,
+            f"0 when train.warmup_steps is set ({self.warmup_steps}): one of the two",
+        )
         require(0 <= self.adam_beta1 < 1, "train.adam_beta1", self.adam_beta1, "in [0, 1)")
         require(0 <= self.adam_beta2 < 1, "train.adam_beta2", self.adam_beta2, "in [0, 1)")
         require(self.weight_decay >= 0, "train.weight_decay", self.weight_decay, ">= 0")
@@ -180,6 +257,11 @@ class TrainConfig:
         require(self.keep_checkpoints >= 1, "train.keep_checkpoints", self.keep_checkpoints, ">= 1")
         require(self.samples_per_step >= 0, "train.samples_per_step", self.samples_per_step, ">= 0")
         require(0 < self.memory_fraction <= 1, "train.memory_fraction", self.memory_fraction, "in (0, 1]")
+
+    @property
+    def warmup(self) -> int:
+        """Warm-up steps of the schedule: ``warmup_steps``, or ``ceil(warmup_ratio · steps)``."""
+        return self.warmup_steps or math.ceil(self.warmup_ratio * self.steps)
 
 
 @dataclass(frozen=True)
@@ -228,12 +310,21 @@ class HacpoConfig:
     """Naive only (``algorithm: naive``): a shared sample's ratio is taken against the learner's own policy at
     the start of the step instead of the source's old log-probs, so GSPO's clip treats the partner's correct
     and wrong answers alike (the ``naive-sym`` method, ``docs/methods.md``)."""
+    own_advantage: str = "joint"
+    """When sharing, the advantage of a learner's own rows: ``joint`` (Eq. 6, against its capability-aware
+    baseline over the joint group, as the paper) or ``group`` (Eq. 5, against its own G answers, so they sum
+    to 0 per prompt; shared rows keep Eq. 6; beyond the paper, the ``hacpo-owngroup`` method)."""
+    batch_order: str = "own_first"
+    """When sharing, the order of a learner's rows over its mini-batches: ``own_first`` (its own rows, then
+    each source's, as the authors' verl-v1 port: shared rows meet the later, tighter stepwise bounds) or
+    ``by_prompt`` (each prompt's own and shared rows together, so every mini-batch mixes them, as the
+    authors' main branch did; the ``hacpo-mixed`` method)."""
 
     def __post_init__(self) -> None:
         coerce_fields(self, "hacpo")
         for name in HACPO_KNOBS:  # alpha, delta, delta_step, window, min_ratio, max_ratio
             if problem := knob_problem(name, getattr(self, name), f"hacpo.{name}"):
-                raise ConfigError(problem)
+                raise ConfigError(problem, key=f"hacpo.{name}")
         require(self.capability_floor > 0, "hacpo.capability_floor", self.capability_floor, "> 0")
         require(self.warmup_steps >= 0, "hacpo.warmup_steps", self.warmup_steps, ">= 0")
         require(0 <= self.eps_low < 1, "hacpo.eps_low", self.eps_low, "in [0, 1)")
@@ -243,6 +334,10 @@ class HacpoConfig:
         require(
             norm in RATIO_NORMALIZATIONS, "hacpo.ratio_normalization", norm, f"one of {RATIO_NORMALIZATIONS}"
         )
+        own = self.own_advantage
+        require(own in OWN_ADVANTAGES, "hacpo.own_advantage", own, f"one of {OWN_ADVANTAGES}")
+        order = self.batch_order
+        require(order in BATCH_ORDERS, "hacpo.batch_order", order, f"one of {BATCH_ORDERS}")
         require(
             self.uniform_group_guard or not self.normalize_by_std,
             "hacpo.uniform_group_guard",
@@ -257,8 +352,9 @@ class HacpoConfig:
 class OutputConfig:
     """Where runs go."""
 
-    root: str = "results"
-    """Root of run directories: ``<root>/<experiment>/<run-id>/``."""
+    root: str = "results/runs"
+    """Root of run directories: ``<root>/<experiment>/<run-id>/``; the default is the notebooks' too, so a run
+    of the command line shows in ``05_figures``."""
     run_id: str | None = None
     """Explicit run id; None = timestamp + random suffix."""
     report_to: tuple[str, ...] = ()

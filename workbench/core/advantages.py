@@ -152,7 +152,7 @@ def capability_aware_advantages(
     eps: float = 1e-6,
     normalize_by_std: bool = True,
     uniform_group_guard: bool = True,
-    max_reward: float | None = 1.0,
+    max_reward: float | torch.Tensor | None = 1.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Capability-aware advantages of every response in each prompt's joint group, for every learner.
 
@@ -176,7 +176,7 @@ def capability_aware_advantages(
         eps: Added to σ.
         normalize_by_std: Divide by σ (else the unnormalized advantage of Eq. 15).
         uniform_group_guard: Enable guard 1.
-        max_reward: Threshold of guard 2, or ``None``.
+        max_reward: Threshold of guard 2 (a number, or one per prompt ``[P]``), or ``None``.
 
     Returns:
         ``(advantages_L_P_A_G, metrics)`` with L = A learners. Metrics: fraction of prompts whose joint group

@@ -6,6 +6,8 @@
 | ``HACPO_TINY_WARM_STEPS`` | unset | every tiny preset's warm-start steps (tests build in seconds) |
 | ``HACPO_DATA_DIR`` | unset | where the paper's data files are looked up (`workbench.tasks.loaders`) |
 | ``HF_HUB_OFFLINE`` / ``HF_DATASETS_OFFLINE`` | unset | Hugging Face's own switches; read to explain errors |
+| ``HACPO_PROGRESS`` | ``auto`` | progress bars inside a step: ``0`` off, ``1`` on, ``auto`` on except under |
+| | | pytest (``PYTEST_CURRENT_TEST``); the papermill runner sets ``0`` for the notebooks it executes |
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["cache_root", "data_dir", "hub_offline", "tiny_warm_steps"]
+__all__ = ["cache_root", "data_dir", "hub_offline", "progress_enabled", "tiny_warm_steps"]
 
 DATA_DIR_ENV = "HACPO_DATA_DIR"
 PACKAGE_PARENT = Path(__file__).resolve().parents[2]
@@ -49,3 +51,14 @@ def hub_offline(*, datasets: bool = False) -> bool:
     """True when ``HF_HUB_OFFLINE`` (with ``datasets`` also ``HF_DATASETS_OFFLINE``) is set (truthy)."""
     keys = ["HF_HUB_OFFLINE"] + (["HF_DATASETS_OFFLINE"] if datasets else [])
     return any(os.environ.get(k, "0").strip() not in ("", "0", "false", "False") for k in keys)
+
+
+def progress_enabled() -> bool:
+    """Whether progress bars are drawn: ``$HACPO_PROGRESS`` (``0``/``off``/``false``: no; ``1``/``on``/
+    ``true``: yes), else yes unless pytest runs a test (``PYTEST_CURRENT_TEST``)."""
+    raw = os.environ.get("HACPO_PROGRESS", "auto").strip().lower()
+    if raw in ("0", "off", "false", "no"):
+        return False
+    if raw in ("1", "on", "true", "yes"):
+        return True
+    return "PYTEST_CURRENT_TEST" not in os.environ

@@ -179,12 +179,15 @@ class SampleStats:
         clipped_B: Share of the sample that gave no gradient because of clipping: 0 or 1 for sequence
             ratios (the clipped branch won the pessimistic min, or a cross ratio fell outside its bounds),
             the share of clipped tokens for token-level ratios.
+        term_B: The sample's term of the loss, −objective (the loss is their mean): a constant where
+            ``clipped_B`` is 1, so a caller can log the loss that carries gradient apart from it.
     """
 
     ratio_B: torch.Tensor
     lower_B: torch.Tensor
     upper_B: torch.Tensor
     clipped_B: torch.Tensor
+    term_B: torch.Tensor
 
 
 def _gspo_self_objective(
@@ -242,6 +245,7 @@ def gspo_policy_loss(batch: PolicyBatch, params: LossParams) -> tuple[torch.Tens
         lower_B=_filled(ratio_B, 1.0 - params.eps_low),
         upper_B=_filled(ratio_B, 1.0 + params.eps_high),
         clipped_B=was_clipped_B.float(),
+        term_B=-objective_B.detach(),
     )
     return -objective_B.mean(), stats
 
@@ -293,6 +297,7 @@ def hacpo_policy_loss(batch: PolicyBatch, params: LossParams) -> tuple[torch.Ten
         lower_B=torch.where(is_self_B, _filled(ratio_B, 1.0 - params.eps_low), cross_lower_B),
         upper_B=torch.where(is_self_B, _filled(ratio_B, 1.0 + params.eps_high), cross_upper_B),
         clipped_B=torch.where(is_self_B, self_clipped_B, cross_out_B).float(),
+        term_B=-objective_B.detach(),
     )
     return -objective_B.mean(), stats
 
@@ -324,6 +329,7 @@ def grpo_policy_loss(batch: PolicyBatch, params: LossParams) -> tuple[torch.Tens
         lower_B=_filled(ratio_B, 1.0 - params.eps_low),
         upper_B=_filled(ratio_B, 1.0 + params.eps_high),
         clipped_B=masked_mean_logp((clipped_B_T < unclipped_B_T).float(), mask_B_T).detach(),
+        term_B=-objective_B.detach(),
     )
     return -objective_B.mean(), stats
 

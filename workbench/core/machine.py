@@ -113,9 +113,9 @@ def code_version() -> str:
 
     Two runs with the same config but different code get different versions, so a finished run is never
     silently reused after the code changed, and aggregation across seeds can refuse to average runs of
-    different code. The tiny zoo's recipe version (``ZOO_VERSION`` in ``workbench/agents/zoo.py``) is part
-    of the source, so it counts too. Stable across machines and checkouts of the same source; independent of
-    git (works in a wheel install and with uncommitted edits, which it counts). Computed once per process.
+    different code. The tiny zoo's recipe version (``ZOO_VERSION`` in ``workbench/agents/models/zoo.py``) is
+    part of the source, so it counts too. Stable across machines and checkouts of the same source; independent
+    of git (works in a wheel install and with uncommitted edits, which it counts). Computed once per process.
     """
     package = Path(__file__).resolve().parents[1]
     digest = hashlib.sha256()

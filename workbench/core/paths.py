@@ -14,10 +14,12 @@ from pathlib import Path
 
 from workbench.core.env import PACKAGE_PARENT
 
-__all__ = ["PROJECT_ROOT", "project_path", "project_paths"]
+__all__ = ["PROJECT_ROOT", "SMOKE_ROOT", "output_paths", "project_path", "project_paths"]
 
 PROJECT_ROOT = PACKAGE_PARENT
 """The folder holding ``workbench/``, ``notebooks/``, ``experiments/`` and ``results/`` in a checkout."""
+SMOKE_ROOT = PROJECT_ROOT / "results" / "smoke"
+"""Where a smoke run's outputs go instead of the project's ``results/`` (CI and quick checks)."""
 
 
 def project_path(path: str | Path) -> Path:
@@ -41,3 +43,16 @@ def project_path(path: str | Path) -> Path:
 def project_paths(*paths: str | Path) -> tuple[Path, ...]:
     """`project_path` of each argument, in order (one line in a notebook for all of its paths)."""
     return tuple(project_path(p) for p in paths)
+
+
+def output_paths(smoke: bool, *paths: str | Path) -> tuple[Path, ...]:
+    """`project_paths` of a notebook's output folders, and in smoke mode (``smoke=True``: CI, quick checks)
+    each one under the project's ``results/`` moved to `SMOKE_ROOT` (``results/runs`` →
+    ``results/smoke/runs``), so a smoke run never writes where a full run writes."""
+    out = []
+    results = PROJECT_ROOT / "results"
+    for path in project_paths(*paths):
+        if smoke and path.is_relative_to(results) and not path.is_relative_to(SMOKE_ROOT):
+            path = SMOKE_ROOT / path.relative_to(results)
+        out.append(path)
+    return tuple(out)

@@ -22,11 +22,19 @@ from pathlib import Path
 __all__ = [
     "STORAGE_FAILURES",
     "StorageError",
+    "UnsafeCheckpointError",
     "as_storage_error",
     "check_free_space",
     "ensure_writable_dir",
     "format_bytes",
 ]
+
+
+class UnsafeCheckpointError(RuntimeError):
+    """A stored checkpoint file asks the unpickler for something other than tensors and plain values (a
+    function, a class): refused without being built (`workbench.train.checkpoint`); the command line exits
+    with code 2 on it."""
+
 
 _ELSEWHERE = "or choose another results root (--set output.root=PATH, or output.root in the config)"
 STORAGE_FAILURES: dict[int, tuple[str, str]] = {

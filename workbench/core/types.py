@@ -1,6 +1,6 @@
 """Records shared across the workbench, and the glossary of shape letters.
 
-Shape suffixes on tensor names (style principle 3):
+Shape suffixes on tensor names:
 
 | letter | meaning |
 |---|---|
@@ -37,6 +37,9 @@ class TaskItem:
         answer: The gold final answer as a string (``"12"``, ``"\\frac{1}{2}"``).
         solution: A worked solution ending in ``\\boxed{answer}``, when the source has one.
         source: Name of the task source or benchmark (``"embedded"``, ``"gsm8k"``).
+        difficulty: A difficulty key the source provides, as text (the embedded task: its number of
+            operations, ``"2"``); empty when the source has none. Held-out accuracy is also reported per
+            value (``eval_difficulty/`` metrics).
     """
 
     id: str
@@ -44,6 +47,7 @@ class TaskItem:
     answer: str
     solution: str | None = None
     source: str = ""
+    difficulty: str = ""
 
 
 @dataclass(frozen=True, order=True)
@@ -80,7 +84,8 @@ class Rollout:
         text: The decoded response text, special tokens skipped, terminal EOS stripped.
         prompt_ids: The author's tokenization of its formatted prompt.
         response_ids: The author's response token ids, including a terminal EOS when it finished.
-        finish_reason: ``"eos"`` when it emitted EOS, ``"length"`` when it hit the cap.
+        finish_reason: ``"eos"`` when it emitted EOS, ``"stop"`` when it reached a stop string of its author
+            (cut before it), ``"length"`` when it hit the cap.
         reward: Verified reward in [0, 1]; NaN until graded.
         old_logp_sum: Sum of the author's old-policy token log-probs over ``response_ids``.
         old_logp_count: Number of tokens in that sum (``len(response_ids)``).

@@ -17,10 +17,10 @@ from typing import Any
 from workbench.config.checks import ConfigError
 from workbench.config.experiment import ExperimentConfig, expand_seeds
 from workbench.config.loading import load_experiment, parse_overrides
-from workbench.config.methods import ALGORITHMS
+from workbench.config.methods import METHODS
 from workbench.train.run import train
 
-__all__ = ["ShortRun", "run_comparison", "run_experiments", "run_seeds"]
+__all__ = ["ShortRun", "run_comparison", "run_experiments", "run_regime", "run_seeds"]
 
 log = logging.getLogger(__name__)
 
@@ -63,40 +63,87 @@ def run_seeds(cfg: ExperimentConfig, *, on_step: OnStep | None = None) -> list[P
 
 def run_comparison(
     config: str | Path,
-    algorithms: Sequence[str] = ("hacpo", "gspo"),
+    methods: Sequence[str] = ("hacpo", "gspo"),
     *,
     seeds: Sequence[int] | None = None,
     overrides: list[str] | dict[str, Any] | None = None,
     on_step: OnStep | None = None,
 ) -> dict[str, list[Path]]:
-    """Train the experiment once per algorithm and seed (resuming or skipping finished runs).
+    """Train the experiment once per method and seed (resuming or skipping finished runs).
 
+    A method is an algorithm (``hacpo``, ``gspo``...) or an ablation of one (``hacpo-adv``...): its run sets
+    ``algorithm``, and for an ablation its ``label`` and ``hacpo`` switches too (`workbench.config.methods`).
     Seeds are the outer loop, so an interrupted comparison has every method of the first seeds.
 
     Args:
         config: Experiment YAML.
-        algorithms: Names in ``workbench.config.methods.ALGORITHMS``; each run overrides ``algorithm``.
+        methods: Names in ``workbench.config.methods.METHODS``.
         seeds: Seeds to run (``[0, 1, 2]``); None = the config's ``seeds``, else ``[seed]``.
         overrides: Extra ``key=value`` overrides applied to every run.
-        on_step: Forwarded to :func:`workbench.train.run.train`, with ``algorithm`` and ``seed`` added.
+        on_step: Forwarded to :func:`workbench.train.run.train`, with ``algorithm`` (the method) and ``seed``
+            added.
 
     Returns:
-        ``{algorithm: [run_dir per seed]}``.
+        ``{method: [run_dir per seed]}``.
 
     Raises:
-        ConfigError: An unknown algorithm, bad seeds, or a config that is invalid under one of the
-            algorithms (all checked before the first run trains).
+        ConfigError: An unknown method, bad seeds, or a config that is invalid under one of the methods (all
+            checked before the first run trains).
     """
-    unknown = [a for a in algorithms if a not in ALGORITHMS]
+    unknown = [m for m in methods if m not in METHODS]
     if unknown:
-        raise ConfigError(f"unknown algorithm {unknown[0]!r}; valid: {list(ALGORITHMS)}")
-    if not algorithms:
+        raise ConfigError(f"unknown method {unknown[0]!r}; valid: {list(METHODS)}")
+    if not methods:
         return {}
-    # The YAML is read once; each algorithm's config is a validated copy of it.
-    cfg = load_experiment(config, parse_overrides(overrides) | {"algorithm": algorithms[0]})
-    per_algo = {a: _seeded(_with(cfg, config, algorithm=a), seeds, config) for a in algorithms}
-    n = len(per_algo[algorithms[0]])
-    return _train_all([(a, per_algo[a][i]) for i in range(n) for a in algorithms], on_step)
+    base = parse_overrides(overrides)
+    per_method = {
+        m: _seeded(load_experiment(config, base | _method_overrides(m)), seeds, config) for m in methods
+    }
+    n = len(per_method[methods[0]])
+    return _train_all([(m, per_method[m][i]) for i in range(n) for m in methods], on_step)
+
+
+def _method_overrides(name: str) -> dict[str, Any]:
+    """The config keys a method sets: its ``algorithm``; for an ablation, its ``label`` and switches."""
+    method = METHODS[name]
+    if method.is_algorithm:
+        return {"algorithm": name}
+    return {"algorithm": method.algorithm, "label": name} | {
+        f"hacpo.{k}": v for k, v in method.switches.items()
+    }
+
+
+def run_regime(
+    config: str | Path,
+    prompts: Sequence[int] = (4, 8, 16, 32),
+    methods: Sequence[str] = ("hacpo", "gspo"),
+    *,
+    seeds: Sequence[int] | None = None,
+    overrides: list[str] | dict[str, Any] | None = None,
+    on_step: OnStep | None = None,
+) -> dict[str, list[Path]]:
+    """One comparison (`run_comparison`) per number of prompts a step P, the regime study of
+    `workbench.lab.regime`: experiment ``<name>-p<P>`` (``<name>``: the config's experiment), ``P`` prompts a
+    step in mini-batches of P/2 (the same number of updates at every P), everything else as the config and
+    ``overrides`` say.
+
+    Returns:
+        ``{method: [run_dir per P and seed]}``.
+    """
+    base = parse_overrides(overrides)
+    name = load_experiment(config, base).experiment
+    runs: dict[str, list[Path]] = {}
+    for P in prompts:
+        chosen = base | {
+            "experiment": f"{name}-p{P}",
+            "train.prompts_per_step": P,
+            "train.minibatch_prompts": max(1, P // 2),
+        }
+        for method, paths in run_comparison(
+            config, methods, seeds=seeds, overrides=chosen, on_step=on_step
+        ).items():
+            runs.setdefault(method, []).extend(paths)
+    return runs
 
 
 def run_experiments(

@@ -29,7 +29,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from workbench.agents.loading import checkpoint_step, is_run_dir, load_agent, model_problem, run_agents
+from workbench.agents.models.loading import checkpoint_step, is_run_dir, load_agent, model_problem, run_agents
 from workbench.config.agent_spec import as_spec
 from workbench.config.checks import ConfigError
 from workbench.config.experiment import ExperimentConfig, from_dict
@@ -42,7 +42,6 @@ from workbench.tasks.prompts import PAPER_INSTRUCTION
 from workbench.tasks.rewards import reward_problem
 from workbench.tasks.sources import load_tasks
 from workbench.train.evaluate import evaluate
-from workbench.train.preflight import held_out_sources
 
 __all__ = ["PAPER_BENCHMARKS", "EvalReport", "evaluate_target"]
 
@@ -92,7 +91,7 @@ def _plan(target: str | Path, agents: Sequence[str] | None, sources: Sequence[st
         unknown = [a for a in agents or () if a not in names]
         if unknown:
             raise ConfigError(f"--agent {unknown[0]!r} is not allowed: the run {path} has the agents {names}")
-        own = [(source, dict(knobs)) for _, source, knobs in held_out_sources(cfg.task)]
+        own = [(source, dict(knobs)) for _, source, knobs in cfg.task.held_out_sources()]
         return _Plan(
             label=f"{path.parent.name}/{path.name}",
             run_dir=path,

@@ -14,9 +14,11 @@ project's folders wherever the kernel starts. Every experiment a job trains is c
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,7 @@ import pandas as pd
 
 from workbench.config.loading import load_experiment
 from workbench.core.io import atomic_write_text
-from workbench.core.paths import PROJECT_ROOT, project_path, project_paths
+from workbench.core.paths import PROJECT_ROOT, output_paths, project_path, project_paths
 from workbench.train.preflight import check_experiment
 
 __all__ = [
@@ -35,6 +37,7 @@ __all__ = [
     "Job",
     "execute_notebook",
     "kernel_name",
+    "output_paths",
     "preflight",
     "project_path",
     "project_paths",
@@ -75,8 +78,14 @@ JOBS: dict[str, Job] = {
     ),
     "ablations": Job(
         "04_ablations.ipynb",
-        {"configs": [QUICKSTART, "experiments/ablations"]},
-        description="−Adv, −ω, α sweep, no stepwise, no clip (Tables 2-4, 6, Figure 4)",
+        {"config": "experiments/pairs/model.yaml"},
+        description="HACPO against −Adv, −ω, the α sweep, no Stepwise, no Clip, Naive and symmetric Naive "
+        "(Tables 2-4, Figure 4)",
+    ),
+    "regime": Job(
+        "06_regime.ipynb",
+        {"config": "experiments/pairs/model.yaml"},
+        description="HACPO − GSPO against the samples behind P̂ a step (P = 4 to 32)",
     ),
     "figures": Job("05_figures.ipynb", description="every figure and table regenerated from results/ only"),
 }
@@ -98,15 +107,42 @@ def smoke_overrides() -> dict[str, Any]:
     }
 
 
-def run_overrides(smoke: bool = False, results_root: str | Path | None = None) -> dict[str, Any]:
-    """Overrides a notebook applies to every experiment it trains: smoke sizes and the results root.
+def run_overrides(
+    smoke: bool = False,
+    results_root: str | Path | None = None,
+    overrides: dict[str, Any] | None = None,
+    *,
+    lr_schedule: str = "",
+    warmup_ratio: float = 0.0,
+    rewards: Sequence[dict[str, Any]] = (),
+) -> dict[str, Any]:
+    """Overrides a notebook applies to every experiment it trains: the notebook's own ``overrides`` (config
+    keys: ``{"train.steps": 20}``), its learning-rate schedule and reward parameters, then smoke sizes and
+    the results root.
 
-    A relative ``results_root`` is the project's (`project_path`), wherever the kernel runs.
+    Args:
+        smoke: Tiny sizes for CI (`smoke_overrides`).
+        results_root: Root of the run directories; a relative one is the project's (`project_path`),
+            wherever the kernel runs.
+        overrides: Config keys set in every run.
+        lr_schedule: ``train.lr_schedule`` (``constant``, ``linear``, ``cosine``...); empty keeps the
+            experiment's.
+        warmup_ratio: ``train.warmup_ratio``, set when above 0.
+        rewards: ``task.rewards`` (``[{"fn": "math_verify", "weight": 1}, ...]``); empty keeps the
+            experiment's.
     """
-    overrides = smoke_overrides() if smoke else {}
+    chosen = dict(overrides or {})
+    if lr_schedule:
+        chosen["train.lr_schedule"] = lr_schedule
+    if warmup_ratio:
+        chosen["train.warmup_ratio"] = warmup_ratio
+    if rewards:
+        chosen["task.rewards"] = [dict(term) for term in rewards]
+    if smoke:
+        chosen |= smoke_overrides()
     if results_root:
-        overrides["output.root"] = str(project_path(results_root))
-    return overrides
+        chosen["output.root"] = str(project_path(results_root))
+    return chosen
 
 
 def _experiment_paths(parameters: dict[str, Any]) -> list[Path]:
@@ -171,17 +207,31 @@ def execute_notebook(
     target = out_dir / source.name
     partial = out_dir / f".{source.stem}.partial.ipynb"
     start = time.perf_counter()
-    papermill.execute_notebook(
-        str(source),
-        str(partial),
-        parameters=parameters or {},
-        kernel_name=kernel_name(),
-        cwd=str(cwd or source.parent),
-        progress_bar=progress,  # a cell-level bar: the kernel's own output lands in the executed notebook
-    )
+    with _quiet_kernel():
+        papermill.execute_notebook(
+            str(source),
+            str(partial),
+            parameters=parameters or {},
+            kernel_name=kernel_name(),
+            cwd=str(cwd or source.parent),
+            progress_bar=progress,  # a cell-level bar: the kernel's own output lands in the executed notebook
+        )
     partial.replace(target)
     log.info("executed %s in %.0f s -> %s", source.name, time.perf_counter() - start, target)
     return target
+
+
+@contextlib.contextmanager
+def _quiet_kernel() -> Iterator[None]:
+    """``HACPO_PROGRESS=0`` in the environment the kernel inherits (unless set): no progress bars inside a
+    step fill the executed notebook (`workbench.core.progress`)."""
+    saved = os.environ.get("HACPO_PROGRESS")
+    os.environ.setdefault("HACPO_PROGRESS", "0")
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("HACPO_PROGRESS", None)
 
 
 def _seed_parameters(seeds: Sequence[int] | None) -> dict[str, Any]:

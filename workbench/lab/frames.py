@@ -47,6 +47,18 @@ _KEY_SCHEMES: dict[str, tuple[str, ...]] = {
     "kl": ("learner",),
     "grad_norm": ("learner",),
     "adv": ("learner", "stat"),
+    "adv_src": ("learner", "source", "stat"),
+    "grad_frac": ("learner", "source"),
+    "length": ("learner", "source"),
+    "loss_clipped": ("learner",),
+    "omega_baseline": ("learner", "source"),
+    "omega_loss": ("learner", "source"),
+    "reward": ("agent", "fn", "stat"),
+    "train/lr": ("agent",),
+    "train/length": ("agent",),
+    "train/length_chars": ("agent",),
+    "train/truncated_frac": ("agent",),
+    "eval_difficulty": ("difficulty", "metric", "agent"),
 }
 
 _EVAL_FAMILY = re.compile(r"eval/(?:[^/]+/)?(?:acc|avg@\d+)")
@@ -59,8 +71,12 @@ def _iter_paths(paths: Iterable[Path | str] | Path | str) -> list[Path]:
     return [Path(p) for p in paths]
 
 
-def find_run_dirs(paths: Iterable[Path | str] | Path | str) -> list[Path]:
+def find_run_dirs(paths: Iterable[Path | str] | Path | str, experiment: str | None = None) -> list[Path]:
     """Run directories (those holding ``config.yaml``) at or below each path, deduplicated, sorted.
+
+    Args:
+        paths: Run directories or folders of them.
+        experiment: Keep only the runs of this experiment (the config's ``experiment``); None keeps all.
 
     Raises:
         FileNotFoundError: A path does not exist (names it).
@@ -75,7 +91,8 @@ def find_run_dirs(paths: Iterable[Path | str] | Path | str) -> list[Path]:
         for cfg in sorted(path.rglob("config.yaml")):
             if "checkpoints" not in cfg.relative_to(path).parts:
                 found[cfg.parent.resolve()] = None
-    return sorted(found)
+    runs = sorted(found)
+    return runs if experiment is None else [r for r in runs if _run_ids(r)["experiment"] == experiment]
 
 
 def _run_ids(run_dir: Path) -> dict[str, Any]:
@@ -124,11 +141,8 @@ def load_runs(paths: Iterable[Path | str] | Path | str) -> pd.DataFrame:
             by_step.setdefault(int(row["step"]), {}).update(row)
         if not by_step:
             continue
-        df = pd.DataFrame([by_step[s] for s in sorted(by_step)])
-        keys.update(c for c in df.columns if c != "step")
-        for col, value in reversed(ids.items()):
-            df.insert(0, col, value)
-        frames.append(df)
+        keys.update(k for row in by_step.values() for k in row if k != "step")
+        frames.append(pd.DataFrame([ids | by_step[s] for s in sorted(by_step)]))
     columns = [*ID_COLUMNS, "step", *sorted(keys)]
     df = _finish(frames, columns, ["run", "run_dir", "step"])
     if len(df):

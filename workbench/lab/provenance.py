@@ -1,10 +1,10 @@
 """Where a run's numbers come from: its code version and its agents' starting weights (``environment.json``).
 
 Every start of a run records ``code_version`` and, once its agents are loaded, ``start_weights``: per agent,
-the sha256 digest of its weights before any update (`workbench.agents.agent.state_digest`; LoRA adapters
-included). A resume records its own entry under ``resumes``. `split_by_start_weights` keeps, of the runs that
-`workbench.lab.frames.select_runs` would average, those that started from the same weights; runs made
-before digests were recorded count as unknown and are kept, as they were before.
+the sha256 digest of its weights before any update (`workbench.agents.forward.agent.state_digest`; LoRA
+adapters included). A resume records its own entry under ``resumes``. `split_by_start_weights` keeps, of the
+runs that `workbench.lab.frames.select_runs` would average, those that started from the same weights; runs
+made before digests were recorded count as unknown and are kept, as they were before.
 """
 
 from __future__ import annotations

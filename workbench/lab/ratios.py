@@ -88,7 +88,7 @@ def ratio_by_minibatch(runs_df: pd.DataFrame) -> pd.DataFrame:
     samples inside the clip band (cross: [lb_m, 1]; self: GSPO's band, as 1 − its clip share).
 
     Each run's value is its average over steps of the per-step statistic (``is_mb/<learner>/<source>/<m>/*``,
-    `workbench.train.update.learner_metrics`), then mean ± std over the runs of each experiment and method.
+    `workbench.train.metrics.learner_metrics`), then mean ± std over the runs of each experiment and method.
 
     Returns:
         Columns ``experiment, method, learner, source, minibatch, ratio_mean, ratio_std, in_band_mean,

@@ -25,7 +25,7 @@ import pandas as pd
 
 from workbench.config.methods import methods_in
 from workbench.core.io import atomic_write_text
-from workbench.lab import latex, plots, ratios, stats, tables
+from workbench.lab import diagnostics, latex, plots, ratios, stats, tables
 from workbench.lab.explore import capability_table, cross_weight_table
 from workbench.lab.frames import EXCLUDED_COLUMNS, load_evals, load_runs, select_runs
 
@@ -39,6 +39,7 @@ __all__ = [
     "gallery",
     "quickstart_report",
     "save_accuracy_table",
+    "show",
     "table_html",
     "tuning_report",
 ]
@@ -217,6 +218,29 @@ def ablation_report(run_dirs: RunDirs, out_dir: str | Path) -> Report:
     return report
 
 
+def diagnostics_report(run_dirs: Iterable[Path | str], agent: str, out_dir: str | Path) -> Report:
+    """Why ``agent`` did what it did in each run (`workbench.lab.diagnostics`): the per-source signals over
+    steps (figure ``diagnostics``) and one row per run with its final held-out accuracy by difficulty, its
+    length ratio and its per-source advantage sums (table ``arms``, `diagnostics.arm_table`)."""
+    out_dir, report = Path(out_dir), Report()
+    runs = list(run_dirs)
+    report.add_chart(
+        "diagnostics",
+        plots.diagnostics_chart,
+        diagnostics.signals_frame(runs),
+        title=f"Per-source signals over steps ({agent} and its partners)",
+        out_dir=out_dir,
+    )
+    report.add_table(
+        "arms",
+        lambda: diagnostics.arm_table(runs, agent),
+        out_dir,
+        f"{agent}: final held-out accuracy by difficulty, length ratio and advantage sums per run",
+        best=None,
+    )
+    return report
+
+
 def tuning_report(
     params: dict[str, Any], accuracies: list[float], out_dir: str | Path, *, n_minibatches: int = 4
 ) -> Report:
@@ -269,6 +293,27 @@ def _absent(kind: str, name: str, present: Sequence[str]) -> Note:
         f"{kind} {name!r} was not drawn: the runs lack the metrics it needs (e.g. one agent has no ω, no run "
         f"was evaluated after step 0, or no HACPO run is present). Drawn: {sorted(present) or 'none'}."
     )
+
+
+@dataclass(frozen=True)
+class Shown:
+    """A written file shown in a notebook cell as itself: Markdown rendered, an SVG drawn, else its text."""
+
+    path: Path
+
+    def _repr_markdown_(self) -> str | None:
+        return self.path.read_text(encoding="utf-8") if self.path.suffix == ".md" else None
+
+    def _repr_svg_(self) -> str | None:
+        return self.path.read_text(encoding="utf-8") if self.path.suffix == ".svg" else None
+
+    def __repr__(self) -> str:
+        return self.path.read_text(encoding="utf-8") if self.path.is_file() else f"{self.path} (not written)"
+
+
+def show(path: str | Path) -> Shown:
+    """A file a report wrote (``comparison.md``, ``verdicts.svg``), for display in one cell."""
+    return Shown(Path(path))
 
 
 def figure(report: Report, name: str) -> Any:

@@ -19,6 +19,7 @@
   fraction of cross samples and final accuracy;
 - ``excluded.csv``: runs left out and why;
 - ``curves.csv`` and ``curves_<pair>.svg``: learning curves, mean ± std over seeds (`workbench.lab.curves`);
+- ``verdicts.svg``: every claim's Δ with its 95% interval (`workbench.lab.plots.verdict_chart`);
 - ``comparison.md``: all of it as Markdown (`workbench.lab.results_section.render_results_section`).
 
 `workbench.lab.rerun` then compares such a summary of a rerun with the committed ``comparison.csv`` (each mean
@@ -47,6 +48,7 @@ from workbench.lab.accuracy import final_accuracy
 from workbench.lab.curves import write_curves
 from workbench.lab.frames import load_evals, load_runs, select_runs
 from workbench.lab.items import final_items, load_eval_items, read_items_csv
+from workbench.lab.plots import save_chart, verdict_chart
 from workbench.lab.provenance import read_environment, start_weights
 from workbench.lab.ratios import ratio_by_minibatch
 from workbench.lab.results_section import render_results_section
@@ -257,6 +259,11 @@ def write_summary(run_dirs: Iterable[Path | str] | Path | str, out_dir: str | Pa
             atomic_write_text(path, text)
         written.append(path)
     written += write_curves(evals, runs, out_dir)
+    if not files["verdicts.csv"].dropna(subset=["delta"]).empty:
+        chart = verdict_chart(
+            files["verdicts.csv"], title="Δ of each claim, 95% interval (paired over seeds × items)"
+        )
+        written += save_chart(chart, out_dir / "verdicts", formats=("svg",))
     markdown = out_dir / "comparison.md"
     atomic_write_text(markdown, render_results_section(out_dir))
     log.info("wrote %s", ", ".join(str(p) for p in [*written, markdown]))

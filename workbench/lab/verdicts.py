@@ -32,6 +32,7 @@ CLAIMS = (
     ("hacpo", "gspo", "HACPO ≥ GSPO"),
     ("hacpo", "gspo_x2", "HACPO ≥ GSPO×2"),
     ("hacpo", "naive", "HACPO ≥ Naive"),
+    ("hacpo", "naive-sym", "HACPO ≥ Naive (sym.)"),
     ("hacpo-bytes", "hacpo", "HACPO (bytes) ≥ HACPO (tokens)"),
     *(
         ("hacpo", m.name, f"HACPO ≥ {m.label}")

@@ -295,12 +295,13 @@ def embedded_task(
     rng = random.Random(f"embedded/{seed}/{split}")
     items = []
     for i in range(n):
-        expression = _draw(rng, rng.randint(*r.n_ops), r, split)
+        n_ops = rng.randint(*r.n_ops)
+        expression = _draw(rng, n_ops, r, split)
         solution, value = embedded_solution(expression)
         items.append(
             TaskItem(
                 id=f"embedded-{split}-{i}", question=expression, answer=str(value), solution=solution,
-                source="embedded",
+                source="embedded", difficulty=str(n_ops),
             )
         )  # fmt: skip
     return items

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -97,3 +99,47 @@ def summarize(samples: pd.DataFrame) -> pd.DataFrame:
 
 
 SUMMARY_COLUMNS = ("agent", "benchmark", "metric", "value")
+
+
+def accuracy_by_difficulty(
+    item_rows: Iterable[Mapping[str, Any]], difficulty_of: Mapping[str, str]
+) -> dict[str, dict[str, float]]:
+    """Held-out accuracy per difficulty value, from per-item results (``eval_items.csv`` rows).
+
+    Args:
+        item_rows: Rows with ``item``, ``greedy`` (1/0, or None without a greedy response), ``sampled``
+            (correct responses of the ``k`` sampled, or None) and ``k``.
+        difficulty_of: Each item id's difficulty key (`workbench.core.types.TaskItem.difficulty`); items
+            without one (missing or empty) are left out.
+
+    Returns:
+        ``{difficulty: {"items": n, "greedy_acc": mean greedy, "avg@k": mean share of correct samples}}``,
+        keys sorted (numerically where every key is an integer); ``greedy_acc`` / ``avg@k`` only where the
+        rows have them.
+    """
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for row in item_rows:
+        difficulty = difficulty_of.get(str(row["item"]), "")
+        if difficulty:
+            groups.setdefault(difficulty, []).append(row)
+    numeric = all(key.lstrip("-").isdigit() for key in groups)
+    out: dict[str, dict[str, float]] = {}
+    for key in sorted(groups, key=lambda d: (int(d), d) if numeric else (0, d)):
+        rows = groups[key]
+        values: dict[str, float] = {"items": float(len(rows))}
+        greedy = [float(r["greedy"]) for r in rows if _present(r.get("greedy"))]
+        if greedy:
+            values["greedy_acc"] = float(np.mean(greedy))
+        sampled = [(float(r["sampled"]), int(r["k"])) for r in rows if _present(r.get("sampled")) and r["k"]]
+        if sampled:
+            k = sampled[0][1]
+            values[f"avg@{k}"] = float(np.mean([c / n for c, n in sampled]))
+        out[key] = values
+    return out
+
+
+def _present(value: Any) -> bool:
+    """A per-item value that was recorded (not None, not NaN, not an empty CSV cell)."""
+    if value is None or value == "":
+        return False
+    return not (isinstance(value, float) and math.isnan(value))

@@ -34,18 +34,16 @@ notebook too (the root is added to ``sys.path`` when the first import fails)::
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
 import logging
 import math
 import re
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from workbench.core.paths import PROJECT_ROOT
+from workbench.tasks.term_call import CUSTOM_FUNCTION, import_function
 
 logger = logging.getLogger(__name__)
 
@@ -246,21 +244,7 @@ REWARD_METHODS: dict[str, Callable[[str, str], Grade]] = {
 """Grading methods by name: each maps ``(completion, gold answer)`` to a `Grade`."""
 
 
-CUSTOM_REWARD = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
-"""A custom reward spec: ``package.module:function``."""
 _ALLOWED = f"one of {list(REWARD_METHODS)}, or 'package.module:function' naming your own reward function"
-
-
-def _import_module(name: str) -> Any:
-    """Import ``name``; on failure retry with the project root on ``sys.path`` (a notebook's kernel runs in
-    ``notebooks/``, where a module of the project root is not importable)."""
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as exc:
-        if exc.name != name.split(".")[0] or str(PROJECT_ROOT) in sys.path:
-            raise
-        sys.path.append(str(PROJECT_ROOT))
-        return importlib.import_module(name)
 
 
 @functools.cache
@@ -272,22 +256,9 @@ def reward_function(spec: str) -> Callable[[str, str], Grade]:
     """
     if spec in REWARD_METHODS:
         return REWARD_METHODS[spec]
-    if not isinstance(spec, str) or not CUSTOM_REWARD.match(spec):
+    if not isinstance(spec, str) or not CUSTOM_FUNCTION.match(spec):
         raise ValueError(f"task.reward = {spec!r} is not allowed: {_ALLOWED}")
-    module_name, attr = spec.split(":")
-    try:
-        module = _import_module(module_name)
-    except Exception as exc:  # any import-time failure of the user's module is a config error
-        raise ValueError(
-            f"task.reward = {spec!r}: module {module_name!r} does not import ({type(exc).__name__}: {exc}); "
-            "it must be importable from the working directory, the project root or an installed package"
-        ) from None
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        found = sorted(n for n, v in vars(module).items() if inspect.isfunction(v) and not n.startswith("_"))
-        raise ValueError(
-            f"task.reward = {spec!r}: {module_name} has no function {attr!r}; its functions: {found}"
-        )
+    fn = import_function(spec, "task.reward")
     params = inspect.signature(fn).parameters
     if "solution_str" in params and "ground_truth" in params:  # verl's compute_score
         return functools.partial(

@@ -1,4 +1,4 @@
-"""math-verify in bounded worker processes, usable from any thread.
+"""math-verify, and your own reward functions, in bounded worker processes, usable from any thread.
 
 math-verify bounds its own parsing and comparison with ``signal.alarm``, which works only in a main thread and
 cannot interrupt long C-level work (a big-integer power, say). So each comparison runs in a small pool of
@@ -6,8 +6,12 @@ worker processes (plain ``python -c`` subprocesses: no fork of a process that ho
 re-import of the caller's ``__main__``). Inside a worker math-verify keeps short alarms of its own
 (`SOFT_TIMEOUT_S`); the parent kills and replaces any worker that has not answered within `HARD_TIMEOUT_S`.
 
+The functions of ``task.rewards`` named ``package.module:function`` run in the same workers under the same
+deadline (`call_function`), so a function that hangs or crashes cannot stop a run.
+
 Protocol: the worker prints ``ready`` once imported, then answers each JSON line ``{"p": answer, "g": gold}``
-with ``{"r": reason}``, one line each.
+with ``{"r": reason}`` and each ``{"f": function, "c": completion, "k": columns}`` with ``{"v": value}`` or
+``{"e": error}``, one line each.
 """
 
 from __future__ import annotations
@@ -72,8 +76,27 @@ def _parse_gold(gold: str):
     return parse(wrapped, parsing_timeout=SOFT_TIMEOUT_S)
 
 
+def _call(request: dict) -> dict:
+    """A ``task.rewards`` function called on one completion: ``{"v": value}`` or ``{"e": "Type: text"}``."""
+    from workbench.tasks.term_call import TermValueError, call_term, import_function
+
+    try:
+        fn = import_function(str(request["f"]))
+        return {"v": call_term(fn, str(request["c"]), dict(request.get("k") or {}))}
+    except TermValueError as exc:  # what it returned, said as is
+        return {"e": str(exc)}
+    except Exception as exc:  # the parent names the function and the item
+        return {"e": f"{type(exc).__name__}: {exc}"}
+
+
 def serve() -> None:
-    """Worker main loop: reads JSON requests on stdin, writes one verdict line each on stdout."""
+    """Worker main loop: reads JSON requests on stdin, writes one answer line each on stdout.
+
+    A request ``{"p": answer, "g": gold}`` is a math-verify comparison (answer ``{"r": reason}``); ``{"f":
+    "package.module:function", "c": completion, "k": columns}`` calls a reward function (``{"v": value}`` or
+    ``{"e": error}``). The answers go to a copy of the original stdout, and stdout itself is pointed at
+    stderr, so a function that prints cannot break the protocol.
+    """
     import functools
 
     logging.disable(logging.WARNING)  # math-verify logs every unparsable answer
@@ -81,16 +104,20 @@ def serve() -> None:
 
     global _parse_gold
     _parse_gold = functools.lru_cache(maxsize=4096)(_parse_gold)  # gold answers repeat across samples
-    out = sys.stdout
+    out = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     out.write("ready\n")
     out.flush()
     for line in sys.stdin:
         try:
             request = json.loads(line)
-            reason = _verdict(str(request["p"]), str(request["g"]), parse, verify)
+            if "f" in request:
+                answer = _call(request)
+            else:
+                answer = {"r": _verdict(str(request["p"]), str(request["g"]), parse, verify)}
         except Exception:
-            reason = "malformed"
-        out.write(json.dumps({"r": reason}) + "\n")
+            answer = {"r": "malformed"}
+        out.write(json.dumps(answer) + "\n")
         out.flush()
 
 
@@ -152,13 +179,10 @@ class VerifierPool:
             results: list[str | None] = [self.cache.get(p) for p in pairs]
             todo = deque(i for i, r in enumerate(results) if r is None)
             if todo:
-                try:
-                    self._run(pairs, results, todo)
-                except BaseException:  # a worker may still owe an answer: never let it reach a later call
-                    for w in self.workers:
-                        w.kill()
-                    self.workers = []
-                    raise
+                payloads = [{"p": answer, "g": gold} for answer, gold in pairs]
+                answers = self._guarded(payloads, todo, timeout={"r": "timeout"}, died={"r": "malformed"})
+                for i, answer in answers.items():
+                    results[i] = str(answer.get("r", "malformed"))
             if len(self.cache) > _CACHE_SIZE:
                 self.cache.clear()
             for p, r in zip(pairs, results):
@@ -166,12 +190,40 @@ class VerifierPool:
                     self.cache[p] = r
             return [r or "timeout" for r in results]
 
+    def call(self, spec: str, calls: list[tuple[str, dict]]) -> list[dict]:
+        """Calls the reward function ``spec`` on each ``(completion, columns)``, each bounded by
+        `HARD_TIMEOUT_S`; returns per call ``{"v": value}``, ``{"e": error}`` or ``{"t": True}`` (timeout)."""
+        with self.lock:
+            payloads = [{"f": spec, "c": completion, "k": columns} for completion, columns in calls]
+            answers = self._guarded(
+                payloads,
+                deque(range(len(payloads))),
+                timeout={"t": True},
+                died={"e": "its worker process died"},
+            )
+            return [answers.get(i, {"t": True}) for i in range(len(payloads))]
+
+    def _guarded(self, payloads: list[dict], todo: deque, *, timeout: dict, died: dict) -> dict[int, dict]:
+        """`_run`, every worker killed when it raises (a worker may still owe an answer: never let it reach a
+        later call)."""
+        answers: dict[int, dict] = {}
+        try:
+            self._run(payloads, answers, todo, timeout, died)
+        except BaseException:
+            for w in self.workers:
+                w.kill()
+            self.workers = []
+            raise
+        return answers
+
     def spawn_missing(self) -> None:
         """Starts workers up to `n_workers` (call with the lock held)."""
         while len(self.workers) < self.n_workers:
             self.workers.append(_spawn())
 
-    def _run(self, pairs: list[tuple[str, str]], results: list[str | None], todo: deque) -> None:
+    def _run(
+        self, payloads: list[dict], answers: dict[int, dict], todo: deque, timeout: dict, died: dict
+    ) -> None:
         self.spawn_missing()
         failed_starts = 0
         while todo or any(w.job is not None for w in self.workers):
@@ -179,41 +231,40 @@ class VerifierPool:
             for i, w in enumerate(list(self.workers)):  # hand out work
                 if w.ready and w.job is None and todo:
                     job = todo.popleft()
-                    answer, gold = pairs[job]
                     try:
-                        w.proc.stdin.write((json.dumps({"p": answer, "g": gold}) + "\n").encode())
+                        w.proc.stdin.write((json.dumps(payloads[job]) + "\n").encode())
                         w.proc.stdin.flush()
                     except OSError:  # the worker died while idle: requeue, replace it
                         todo.appendleft(job)
-                        self._replace(i, results, "malformed")
+                        self._replace(i, answers, died)
                         continue
                     w.job, w.deadline = job, now + HARD_TIMEOUT_S
             waits = [w.deadline if w.ready else w.started + START_TIMEOUT_S for w in self.workers]
-            timeout = max(0.0, min(waits) - time.monotonic())
-            readable, _, _ = select.select([w.proc.stdout for w in self.workers], [], [], timeout)
+            wait_s = max(0.0, min(waits) - time.monotonic())
+            readable, _, _ = select.select([w.proc.stdout for w in self.workers], [], [], wait_s)
             for i, w in enumerate(list(self.workers)):
                 if w.proc.stdout in readable:
                     chunk = os.read(w.proc.stdout.fileno(), 65536)
                     if not chunk:  # the worker died (a crash inside sympy, say)
                         failed_starts += not w.ready
-                        self._replace(i, results, "malformed")
+                        self._replace(i, answers, died)
                         continue
                     w.buffer += chunk
-                    self._consume(w, results)
+                    self._consume(w, answers)
             now = time.monotonic()
             for i, w in enumerate(list(self.workers)):
                 if w.ready and w.job is not None and now > w.deadline:
-                    self._replace(i, results, "timeout")
+                    self._replace(i, answers, timeout)
                 elif not w.ready and now > w.started + START_TIMEOUT_S:
                     failed_starts += 1
-                    self._replace(i, results, "timeout")
+                    self._replace(i, answers, timeout)
             if failed_starts >= 2 * self.n_workers:
                 logger.error(
                     "math-verify workers fail to start; %d comparisons counted as timeout", len(todo)
                 )
                 todo.clear()
 
-    def _consume(self, w: _Worker, results: list[str | None]) -> None:
+    def _consume(self, w: _Worker, answers: dict[int, dict]) -> None:
         while b"\n" in w.buffer:
             line, w.buffer = w.buffer.split(b"\n", 1)
             if not w.ready:
@@ -221,15 +272,16 @@ class VerifierPool:
                 continue
             if w.job is not None:
                 try:
-                    results[w.job] = json.loads(line)["r"]
-                except (ValueError, KeyError):
-                    results[w.job] = "malformed"
+                    answer = json.loads(line)
+                except ValueError:
+                    answer = None
+                answers[w.job] = answer if isinstance(answer, dict) else {"r": "malformed", "e": "no answer"}
                 w.job = None
 
-    def _replace(self, i: int, results: list[str | None], reason: str) -> None:
+    def _replace(self, i: int, answers: dict[int, dict], answer: dict) -> None:
         w = self.workers[i]
         if w.job is not None:
-            results[w.job] = reason
+            answers[w.job] = answer
         w.kill()
         self.workers[i] = _spawn()
 
@@ -266,6 +318,16 @@ def verify_pairs(pairs: list[tuple[str, str]]) -> list[str]:
     except Exception:  # e.g. processes cannot be started here: count as timeouts, never crash a run
         logger.exception("math-verify pool failed; %d comparisons counted as timeout", len(pairs))
         return ["timeout"] * len(pairs)
+
+
+def call_function(spec: str, calls: list[tuple[str, dict]]) -> list[dict]:
+    """Calls the reward function ``spec`` on each ``(completion, columns)`` in the shared worker pool, each
+    call bounded by `HARD_TIMEOUT_S` (`VerifierPool.call`).
+
+    Raises:
+        OSError: The worker processes cannot be started here.
+    """
+    return _shared_pool().call(spec, calls)
 
 
 def close() -> None:

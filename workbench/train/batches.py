@@ -2,19 +2,19 @@
 
 `build_learner_batch` gathers, for learner k, every rollout it trains on (self samples first, then each source
 in agent order, so the mini-batch index m of Eq. 14 is deterministic), looks up each sample's advantage by its
-`RolloutId` in the learner's ``advantages_P_A_G``, attaches the HACPO cross coefficient ω^(source, k)
-(Eq. 10) and each row's old log-probs: the learner's own on self rows (its no-grad pass,
-`workbench.train.update.score_self`), the source's shared sequence log-likelihood on cross rows. Token views
-come from `workbench.agents.sharing.build_training_batch` (self samples keep their ids, cross samples are
-re-encoded from text).
+`RolloutId` in the learner's ``advantages_P_A_G`` and attaches the HACPO cross coefficient ω^(source, k)
+(Eq. 10). Token views come from `workbench.agents.forward.sharing.build_training_batch` (self samples keep
+their ids, cross samples are re-encoded from text). Each row's old policy is filled in by
+`workbench.train.scoring`, the one module that says where old log-probs come from.
 
 Every row carries what the update needs, so the update loop has one path: rows left out
 (``train.skip_uniform_groups``) are marked in ``keep_B``, and `plan_micro_batches` spreads the kept rows over
 as many mini-batches as the full batch has.
 
 Under ``hacpo.ratio_normalization: bytes`` (beyond the paper) a cross sample's log-likelihoods are both
-divided by the UTF-8 byte length of the shared response instead of each side's own token count, so the
-learner's and the source's values are on one scale whatever their tokenizers; self samples are unchanged.
+divided by the UTF-8 byte length of the shared response instead of each side's own token count (``length_B``),
+so the learner's and the source's values are on one scale whatever their tokenizers; self samples are
+unchanged.
 """
 
 from __future__ import annotations
@@ -26,35 +26,48 @@ from dataclasses import dataclass, field
 
 import torch
 
-from workbench.agents.agent import Agent
-from workbench.agents.sharing import build_training_batch
-from workbench.agents.tokens import TokenBatch
-from workbench.core.losses import PolicyBatch, length_normalized_logp
+from workbench.agents.forward.agent import Agent
+from workbench.agents.forward.sharing import build_training_batch
+from workbench.agents.forward.tokens import TokenBatch
 from workbench.core.types import Rollout, RolloutId
 
-__all__ = ["LearnerBatch", "MiniBatch", "OldScores", "build_learner_batch", "plan_micro_batches"]
+__all__ = [
+    "LearnerBatch",
+    "MiniBatch",
+    "UpdateSettings",
+    "build_learner_batch",
+    "plan_micro_batches",
+    "update_plan",
+]
 
 
-@dataclass
-class OldScores:
-    """The learner's no-grad pass over some rows, before any update of the step (one entry per scored row).
+@dataclass(frozen=True)
+class UpdateSettings:
+    """How a learner's update cuts, scores and steps through its batch (unpacked from the config by the
+    trainer; the loss scalars are `workbench.core.losses.LossParams`)."""
 
-    Attributes:
-        rows: The rows scored, in the order scored.
-        logp_T: Each row's old token log-probs, aligned like `workbench.agents.rollout.token_logprobs` over
-            the row's real tokens (its length is the row's token count − 1), on the learner's device.
-        ref_logp_T: The KL reference's, likewise; None when no reference pass ran.
-        mean_B: Each row's old log-likelihood per token (per byte where ``length_B`` said so), float32.
-        sums: Each row's summed old log-probs (float64, as Python floats): what an author shares.
-        counts: Each row's number of response tokens.
-    """
-
-    rows: list[int]
-    logp_T: list[torch.Tensor]
-    ref_logp_T: list[torch.Tensor] | None
-    mean_B: torch.Tensor
-    sums: list[float]
-    counts: list[int]
+    loss: str = "gspo"
+    """Key of ``workbench.core.losses.POLICY_LOSSES``."""
+    minibatch_size: int = 64
+    """Sequences per optimizer step."""
+    micro_batch_size: int = 64
+    """Sequences per forward/backward at most."""
+    micro_batch_tokens: int | None = None
+    """Prompt + response tokens per forward/backward at most (None: sequences alone bound a micro-batch)."""
+    temperature: float = 1.0
+    """Log-probs are of softmax(logits / temperature), the sampling distribution."""
+    kl_coef: float = 0.0
+    """low_var_kl coefficient on self samples (0 = no reference pass)."""
+    grad_clip: float = 1.0
+    """Gradient-norm clip."""
+    skip_uniform_groups: bool = False
+    """Leave out the samples of prompts whose advantages are all 0 in the learner's batch; the kept samples
+    are spread over as many mini-batches as the full batch has (so the update count stays the same)."""
+    cross_old_from_learner: bool = False
+    """Take a cross sample's old policy from the learner's own no-grad pass at the start of its update instead
+    of the source's shared log-likelihood (the symmetric Naive, ``hacpo.naive_symmetric``)."""
+    mask_truncated: bool = False
+    """Responses cut by the length cap carry no gradient (``train.mask_truncated``, `build_learner_batch`)."""
 
 
 @dataclass
@@ -69,16 +82,23 @@ class LearnerBatch:
         is_self_B: True for the learner's own samples.
         cross_coef_B: ω^(source, learner) on cross samples (Eq. 10), 1 elsewhere.
         source_B: Author of each sample.
-        old_logp_mean_B: The old log-likelihood per token: the learner's own on self rows (its no-grad
-            pass), the author's in its own tokenization on cross rows (Eq. 11); per byte of the text for
-            cross rows under bytes normalization (then ``length_B`` > 0).
+        old_logp_mean_B: The old log-likelihood per token, set by `workbench.train.scoring.set_old_policy`:
+            the learner's own on the rows it scored (``scored_B``), the author's in its own tokenization on
+            the others (Eq. 11); per byte of the text for cross rows under bytes normalization (then
+            ``length_B`` > 0). NaN until set.
         length_B: The byte length dividing a cross sample's log-likelihoods under bytes normalization; 0
             where the token count does (every self sample, and everything under ``tokens``).
         keep_B: Rows the update trains on (False: left out by ``train.skip_uniform_groups``).
-        old_logp_T: The learner's old token log-probs of each row it scored (`OldScores.logp_T`), None
-            elsewhere (cross rows: their old policy is the source's, Eq. 11).
+        scored_B: Whose old policy each row's ratio divides by: True where the learner's own no-grad pass
+            scored the row (its own rows; the shared ones under the symmetric Naive), False where it is the
+            source's shared log-likelihood (Eq. 11).
+        old_logp_T: The learner's old token log-probs of each row it scored, None elsewhere.
         ref_logp_T: The KL reference's token log-probs of each row scored with it, None elsewhere.
         sharing_stats: Re-encoding counts (`build_training_batch`).
+        order: The rows in the order the mini-batches take them (`plan`); None = row order (own rows
+            first). ``hacpo.batch_order: by_prompt`` puts each prompt's own and shared rows together.
+        masked_B: Rows that carry no gradient whatever their advantage (``train.mask_truncated``: responses
+            cut by the length cap); never forwarded, their advantage is 0.
     """
 
     learner: int
@@ -91,9 +111,12 @@ class LearnerBatch:
     old_logp_mean_B: torch.Tensor
     length_B: torch.Tensor
     keep_B: torch.Tensor
+    scored_B: torch.Tensor
     old_logp_T: list[torch.Tensor | None]
     ref_logp_T: list[torch.Tensor | None]
     sharing_stats: dict[str, float] = field(default_factory=dict)
+    order: list[int] | None = None
+    masked_B: torch.Tensor | None = None
 
     @property
     def ids(self) -> list[RolloutId]:
@@ -102,47 +125,6 @@ class LearnerBatch:
 
     def __len__(self) -> int:
         return len(self.rollouts)
-
-    def set_old_scores(self, scores: OldScores) -> None:
-        """Take the learner's own old log-probs (and reference) of the rows ``scores`` covers."""
-        for i, row in enumerate(scores.rows):
-            self.old_logp_T[row] = scores.logp_T[i]
-            self.ref_logp_T[row] = scores.ref_logp_T[i] if scores.ref_logp_T is not None else None
-        self.old_logp_mean_B[scores.rows] = scores.mean_B.cpu()
-
-    def policy_batch(
-        self, rows: list[int], view: TokenBatch, logp_B_T: torch.Tensor, mask_B_T: torch.Tensor, m: int
-    ) -> PolicyBatch:
-        """The loss input of micro-batch ``rows`` (token view ``view``) in mini-batch ``m``, on the learner's
-        device: its current log-probs ``logp_B_T`` and each row's advantage, coefficient and old log-probs.
-
-        In mini-batch 0 no optimizer step has been taken yet: the old policy of the rows the learner scored
-        itself (its own rows; shared rows under the symmetric Naive) is its current one, so their old
-        log-probs are the current ones, detached (s = 1 exactly, whatever micro-batch they were scored in).
-        """
-        device, index_B = logp_B_T.device, torch.tensor(rows, dtype=torch.long)
-        length_B = self.length_B[index_B].to(device)
-        old_mean_B = self.old_logp_mean_B[index_B].to(device)
-        old_B_T = self.token_view(self.old_logp_T, rows, view)
-        if m == 0:
-            scored_B = torch.tensor([self.old_logp_T[r] is not None for r in rows], device=device)
-            current_B_T = logp_B_T.detach()
-            old_mean_B = torch.where(
-                scored_B, length_normalized_logp(current_B_T, mask_B_T, length_B), old_mean_B
-            )
-            if old_B_T is not None:
-                old_B_T = current_B_T
-        return PolicyBatch(
-            logp_B_T=logp_B_T,
-            mask_B_T=mask_B_T,
-            old_logp_mean_B=old_mean_B,
-            advantages_B=self.advantages_B[index_B].to(device),
-            is_self_B=self.is_self_B[index_B].to(device),
-            cross_coef_B=self.cross_coef_B[index_B].to(device),
-            minibatch_index=m,
-            old_logp_B_T=old_B_T,
-            length_B=length_B,
-        )
 
     @staticmethod
     def token_view(
@@ -172,8 +154,11 @@ class LearnerBatch:
         objective by the advantage) and is not forwarded, but still counts in its mini-batch's mean; with a
         KL term (``kl_on_self``) the learner's own rows are forwarded whatever their advantage.
         """
-        kept = self.keep_B.nonzero().flatten().tolist()
+        order = self.order if self.order is not None else range(len(self))
+        kept = [r for r in order if self.keep_B[r]]
         forward_B = (self.advantages_B != 0) | (self.is_self_B & kl_on_self)
+        if self.masked_B is not None:
+            forward_B &= ~self.masked_B  # no term at all: not even the KL one
         lengths_B = self.tokens.attention_mask_B_T.sum(dim=-1)
         return plan_micro_batches(
             kept,
@@ -183,6 +168,17 @@ class LearnerBatch:
             length_B=lengths_B.tolist(),
             forward_B=forward_B.tolist(),
         )
+
+
+def update_plan(batch: LearnerBatch, settings: UpdateSettings) -> list[MiniBatch]:
+    """The mini-batches and micro-batches of ``batch`` under the update's sizes (`LearnerBatch.plan`; own rows
+    are forwarded whatever their advantage when a KL term needs them)."""
+    return batch.plan(
+        settings.minibatch_size,
+        settings.micro_batch_size,
+        settings.micro_batch_tokens,
+        kl_on_self=settings.kl_coef > 0,
+    )
 
 
 @dataclass(frozen=True)
@@ -268,10 +264,11 @@ def build_learner_batch(
     cross: list[Rollout],
     advantages_P_A_G: torch.Tensor,
     coef_A: torch.Tensor,
-    own_scores: OldScores,
     *,
     ratio_normalization: str = "tokens",
+    batch_order: str = "own_first",
     skip_uniform_groups: bool = False,
+    mask_truncated: bool = False,
 ) -> LearnerBatch:
     """Learner ``learner``'s batch over its own rollouts, then the other agents' (``cross``).
 
@@ -284,12 +281,16 @@ def build_learner_batch(
         advantages_P_A_G: ``[p, a, g]`` = this learner's advantage of rollout ``RolloutId(a, p, g)``.
         coef_A: The loss coefficient of samples authored by each agent (ω^(a, k) for HACPO, else ones);
             the learner's own entry is ignored (self samples get 1).
-        own_scores: `workbench.train.update.score_self` of ``own``, before any update of the step.
         ratio_normalization: ``tokens`` (Eq. 25, each side's own token count) or ``bytes``.
+        batch_order: ``own_first`` (the rows' order) or ``by_prompt`` (each prompt's own rows, then its
+            shared rows by source, prompt after prompt; ``LearnerBatch.order``).
         skip_uniform_groups: Leave out the rows of prompts whose advantages are all 0 (``keep_B``).
+        mask_truncated: Rows whose response was cut by its author's length cap (finish reason ``length``)
+            get advantage 0 and are never forwarded (``masked_B``): their loss terms, policy and KL, are 0;
+            they still count in their mini-batch's mean, as TRL's ``mask_truncated_completions``.
 
     Returns:
-        The `LearnerBatch`.
+        The `LearnerBatch`, its old policy not yet set (`workbench.train.scoring.set_old_policy`).
     """
     if any(r.author != learner for r in own) or any(r.author == learner for r in cross):
         raise ValueError(
@@ -297,8 +298,8 @@ def build_learner_batch(
         )
     if ratio_normalization not in ("tokens", "bytes"):
         raise ValueError(f"ratio_normalization = {ratio_normalization!r} is not allowed: 'tokens' or 'bytes'")
-    if own_scores.rows != list(range(len(own))):
-        raise ValueError(f"own_scores cover rows {own_scores.rows}, not the {len(own)} own rollouts in order")
+    if batch_order not in ("own_first", "by_prompt"):
+        raise ValueError(f"batch_order = {batch_order!r} is not allowed: 'own_first' or 'by_prompt'")
     rollouts = own + cross
     tokens, sharing_stats = build_training_batch(agent, rollouts, learner)
     # HACPO: (beyond the paper) bytes put a shared text's two log-likelihoods on one length scale.
@@ -309,11 +310,6 @@ def build_learner_batch(
             for r in rollouts
         ]
     )
-    # HACPO: a cross sample's old policy is its source's: the shared log-likelihood (Eq. 11).
-    old_mean_B = torch.tensor(
-        [r.old_logp_sum / n if n > 0 else r.old_logp_mean for r, n in zip(rollouts, length_B.tolist())],
-        dtype=torch.float32,
-    )
     source_B = torch.tensor([r.author for r in rollouts], dtype=torch.long)
     advantages_B = advantages_P_A_G[
         torch.tensor([r.prompt_index for r in rollouts], dtype=torch.long),
@@ -321,7 +317,11 @@ def build_learner_batch(
         torch.tensor([r.index for r in rollouts], dtype=torch.long),
     ]
     is_self_B = source_B == learner
-    batch = LearnerBatch(
+    masked_B = None
+    if mask_truncated:
+        masked_B = torch.tensor([r.finish_reason == "length" for r in rollouts], dtype=torch.bool)
+        advantages_B = torch.where(masked_B, 0.0, advantages_B)
+    return LearnerBatch(
         learner=learner,
         rollouts=rollouts,
         tokens=tokens,
@@ -330,14 +330,18 @@ def build_learner_batch(
         # HACPO: a cross sample's loss is scaled by ω^(source, learner) (Eq. 10).
         cross_coef_B=torch.where(is_self_B, 1.0, coef_A.float().cpu()[source_B]),
         source_B=source_B,
-        old_logp_mean_B=old_mean_B,
+        old_logp_mean_B=torch.full((len(rollouts),), math.nan),
         length_B=length_B,
         keep_B=_informative_B(rollouts, advantages_B)
         if skip_uniform_groups
         else torch.ones(len(rollouts), dtype=torch.bool),
+        scored_B=torch.zeros(len(rollouts), dtype=torch.bool),
         old_logp_T=[None] * len(rollouts),
         ref_logp_T=[None] * len(rollouts),
         sharing_stats={key: float(v) for key, v in sharing_stats.items()},
+        # HACPO: (the authors' main branch) by prompt, every mini-batch mixes own and shared rows.
+        order=sorted(range(len(rollouts)), key=lambda b: rollouts[b].prompt_index)
+        if batch_order == "by_prompt"
+        else None,
+        masked_B=masked_B,
     )
-    batch.set_old_scores(own_scores)
-    return batch

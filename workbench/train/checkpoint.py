@@ -14,6 +14,14 @@ Why this is safe: a checkpoint is built in a ``.tmp-*`` directory and renamed in
 and its manifest is the last file written, so a step directory without a valid manifest, or whose files do
 not match it byte for byte, is partial or damaged. `load_latest_checkpoint` verifies before it unpickles,
 logs a WARNING naming the directory and the defect, and falls back to the next older checkpoint.
+
+Why loading one cannot run code: the manifest vouches for the bytes, not for who wrote them, and run
+directories are passed around. Every file is read with ``torch.load(weights_only=True)``, whose unpickler
+builds tensors, containers and plain values only; what a checkpoint holds is saved in those forms (the numpy
+RNG state as plain values: `capture_rng_state`). Checkpoints written before that held numpy's state as an
+array: the few numpy types that rebuild such an array are allowed (`NUMPY_RNG_GLOBALS`), so they resume as
+they are. Anything else (a pickled callable, an unknown class) is refused before it is built:
+`UnsafeCheckpointError` names the file and what it asked for, and nothing of the checkpoint is used.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import hashlib
 import json
 import logging
 import os
+import pickle
 import random
 import re
 import shutil
@@ -33,9 +42,12 @@ from typing import Any
 import torch
 
 from workbench.core import io as wio
+from workbench.core.storage import UnsafeCheckpointError
 
 __all__ = [
     "FORMAT_VERSION",
+    "NUMPY_RNG_GLOBALS",
+    "UnsafeCheckpointError",
     "capture_rng_state",
     "last_good_checkpoint",
     "list_checkpoints",
@@ -49,6 +61,19 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
+
+
+def _numpy_rng_globals() -> list[Any]:
+    try:
+        import numpy as np
+    except ImportError:
+        return []
+    return [np.ndarray, np.dtype, type(np.dtype(np.uint32)), np._core.multiarray._reconstruct]
+
+
+NUMPY_RNG_GLOBALS = _numpy_rng_globals()
+"""What rebuilds the numpy RNG array of a checkpoint written before that state was saved as plain values: the
+only globals the loader allows besides torch's own."""
 _STEP_DIR_RE = re.compile(r"^step_(\d{6,})$")
 _KEY_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 _TMP_PREFIX = ".tmp-"
@@ -260,9 +285,8 @@ def load_latest_checkpoint(
     point at a damaged directory). Each is verified against its manifest (presence, sizes, sha256); a bad
     one is skipped with a WARNING naming it and the defect, and the next older one is tried.
 
-    Files are unpickled with ``torch.load(weights_only=False)``: they hold optimizer states, RNG tuples and
-    small python objects that the weights-only unpickler refuses, and they are our own files, loaded only
-    after their sha256 matched the manifest we wrote. Never point this at a checkpoint from elsewhere.
+    Files are unpickled with ``torch.load(weights_only=True)`` (tensors, containers, plain values, and the
+    numpy types of `NUMPY_RNG_GLOBALS`): a file that asks for anything else is refused unbuilt.
 
     Args:
         run_dir: The run directory.
@@ -270,6 +294,10 @@ def load_latest_checkpoint(
 
     Returns:
         ``(step, state)`` with the same keys that were saved, or None when no intact checkpoint exists.
+
+    Raises:
+        UnsafeCheckpointError: An intact checkpoint holds something the safe unpickler refuses (names it); it
+            is not loaded, and no older one is tried in its place.
     """
     root = _checkpoints_root(run_dir)
     if not root.is_dir():
@@ -281,9 +309,11 @@ def load_latest_checkpoint(
             try:
                 manifest = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
                 state = {
-                    key: torch.load(path / entry["file"], map_location=map_location, weights_only=False)
+                    key: _safe_load(path / entry["file"], map_location)
                     for key, entry in manifest["files"].items()
                 }
+            except UnsafeCheckpointError:
+                raise
             except Exception as err:  # verified bytes that still fail to unpickle: skip, never crash
                 problem = f"failed to load: {type(err).__name__}: {err}"
         if problem is not None:
@@ -294,11 +324,28 @@ def load_latest_checkpoint(
     return None
 
 
+def _safe_load(path: Path, map_location: str | torch.device) -> Any:
+    """``torch.load`` with the weights-only unpickler (`NUMPY_RNG_GLOBALS` allowed too)."""
+    try:
+        with torch.serialization.safe_globals(NUMPY_RNG_GLOBALS):
+            return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as err:
+        refused = re.search(r"GLOBAL (\S+) was not an allowed global", str(err))
+        if refused is None:  # not a pickled object at all (garbage bytes): an unloadable file, not a threat
+            raise
+        raise UnsafeCheckpointError(
+            f"checkpoint file {path} was refused: it asks to call or build {refused.group(1)}, beyond "
+            "tensors and plain values. Loading it could run code, so nothing of this checkpoint was used; a "
+            "checkpoint received from elsewhere should be deleted, or its run started afresh"
+        ) from None
+
+
 def capture_rng_state() -> dict[str, Any]:
     """The global RNG states: python ``random``, numpy (when importable), torch CPU, and CUDA if available.
 
-    Generators a caller creates itself (``torch.Generator``, ``numpy.random.default_rng``) are not global:
-    checkpoint those with their owner.
+    Everything is a tensor or a plain value (numpy's state: its name, its key as a list of ints, position
+    and Gaussian cache), so the weights-only unpickler loads it. Generators a caller creates itself
+    (``torch.Generator``, ``numpy.random.default_rng``) are not global: checkpoint those with their owner.
     """
     state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
     try:
@@ -306,7 +353,8 @@ def capture_rng_state() -> dict[str, Any]:
     except ImportError:
         pass
     else:
-        state["numpy"] = np.random.get_state()
+        kind, key, pos, has_gauss, cached = np.random.get_state()
+        state["numpy"] = (str(kind), [int(k) for k in key], int(pos), int(has_gauss), float(cached))
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -323,7 +371,8 @@ def restore_rng_state(state: dict[str, Any]) -> None:
         except ImportError:
             logger.warning("restore_rng_state: numpy state present but numpy is not importable; skipped")
         else:
-            np.random.set_state(state["numpy"])
+            kind, key, pos, has_gauss, cached = state["numpy"]  # a key saved as a list, or as an array
+            np.random.set_state((kind, np.asarray(key, dtype=np.uint32), pos, has_gauss, cached))
     if "cuda" in state:
         if torch.cuda.is_available() and torch.cuda.device_count() == len(state["cuda"]):
             torch.cuda.set_rng_state_all(state["cuda"])

@@ -17,31 +17,26 @@ response is correct (0/1) and how many of the k sampled responses are (reward > 
 the trainer keeps these rows in ``eval_items.csv`` of the run directory, for paired tests between methods
 evaluated on the same items (`workbench.lab.paired.paired_bootstrap`).
 
-During training, `held_out_sets` gives the sets the trainer evaluates every ``train.eval_every`` steps: the
-main one (``task.eval_source``; metrics ``eval/acc/<agent>``, ``eval/avg@k/<agent>``) and one per
-``task.eval_sources`` entry (metrics ``eval/<source>/acc/<agent>``, ``eval/<source>/avg@k/<agent>``, with
-``<source>`` from `source_key`).
+During training, `workbench.train.data.held_out_sets` gives the sets the trainer evaluates every
+``train.eval_every`` steps: the main one (``task.eval_source``; metrics ``eval/acc/<agent>``,
+``eval/avg@k/<agent>``) and one per ``task.eval_sources`` entry (metrics ``eval/<source>/acc/<agent>``,
+``eval/<source>/avg@k/<agent>``, with ``<source>`` from `workbench.train.data.source_key`).
 """
 
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import PurePosixPath
 from typing import Any
 
 import pandas as pd
 
-from workbench.agents.rollout import generate
-from workbench.config.experiment import ExperimentConfig
+from workbench.agents.generation.rollout import generate
 from workbench.core.types import TaskItem
-from workbench.tasks.metrics import summarize
+from workbench.tasks.metrics import accuracy_by_difficulty, summarize
 from workbench.tasks.prompts import PAPER_INSTRUCTION, build_prompt
 from workbench.tasks.rewards import grade_batch
-from workbench.tasks.sources import load_tasks
-from workbench.train.preflight import held_out_sources
 
 logger = logging.getLogger(__name__)
 
@@ -152,7 +147,7 @@ def evaluate(
         method: Grading method, a key of `workbench.tasks.rewards.REWARD_METHODS`.
         agent_name: Name for the ``agent`` column (default: ``agent.name``, else the class name).
         batch_size: Rows (responses) per generation batch; None = as many as ``memory_budget`` holds
-            (`workbench.agents.memory.generation_rows`, the same model the trainer plans with).
+            (`workbench.agents.plan.memory.generation_rows`, the same model the trainer plans with).
         memory_budget: Bytes a generation batch may use; None = the agent alone on its device.
         seed: Sampling seed of the k samples.
 
@@ -170,64 +165,29 @@ def evaluate(
     name = agent_name or getattr(agent, "name", None) or type(agent).__name__
     prompts = [build_prompt(item.question, instruction) for item in items]
     common = {"max_new_tokens": max_new_tokens, "batch_size": batch_size, "memory_budget": memory_budget}
+    where = f"{name} eval {benchmark or items[0].source or ''}".rstrip()
     frames = []
     if greedy:
-        rollouts = _generate(agent, prompts, 1, temperature=0.0, **common)
+        rollouts = _generate(agent, prompts, 1, temperature=0.0, desc=f"{where} greedy", **common)
         frames.append(_frame(rollouts, items, 1, True, name, benchmark, method))
     if k > 0:
-        rollouts = _generate(agent, prompts, k, temperature=temperature, seed=seed, **common)
+        rollouts = _generate(
+            agent, prompts, k, temperature=temperature, seed=seed, desc=f"{where} avg@{k}", **common
+        )
         frames.append(_frame(rollouts, items, k, False, name, benchmark, method))
     samples = pd.concat(frames, ignore_index=True)
     return EvalResult(samples=samples, summary=summarize(samples))
 
 
-@dataclass(frozen=True)
-class HeldOutSet:
-    """One held-out set the trainer evaluates (see `held_out_sets`)."""
-
-    benchmark: str
-    """The task source, as written in the config: the ``benchmark`` column of ``evals.csv``."""
-    items: list[TaskItem]
-    """Its ``test`` split: ``task.eval_size`` items."""
-    prefix: str
-    """Metric keys start with it: ``eval`` for the main set, ``eval/<source_key>`` for each further one."""
-
-
-_NOT_IN_KEYS = re.compile(r"[^A-Za-z0-9_.+-]+")
-
-
-def source_key(source: str) -> str:
-    """A task source as one metric-key segment: a file's stem (``file:data/my_set.jsonl`` → ``my_set``),
-    else the name with each run of characters other than letters, digits and ``_.+-`` made ``_``
-    (``gym:basic_arithmetic`` → ``gym_basic_arithmetic``)."""
-    name = PurePosixPath(source[len("file:") :]).stem if source.startswith("file:") else source
-    return _NOT_IN_KEYS.sub("_", name).strip("_") or "source"
-
-
-def held_out_sets(cfg: ExperimentConfig) -> list[HeldOutSet]:
-    """The held-out sets of a run: the main one (``task.eval_source``, else the training source's ``test``
-    split), then one per ``task.eval_sources`` entry; each ``task.eval_size`` items drawn with
-    ``task.eval_seed`` (None: the run's seed). None when ``task.eval_size`` is 0.
-
-    Sources are resolved as the pre-flight checks them (`workbench.train.preflight.held_out_sources`). Two
-    further sources with the same `source_key`, or one named ``acc`` (the main set's key family), get a
-    ``_2``, ``_3`` ... suffix, so no two sets share a metric key.
-    """
-    task = cfg.task
-    if not task.eval_size:
-        return []
-    seed = cfg.seed if task.eval_seed is None else task.eval_seed
-    sets, used = [], {"acc"}
-    for i, (_, source, knobs) in enumerate(held_out_sources(task)):
-        items = load_tasks(source, split="test", n=task.eval_size, seed=seed, **knobs)
-        if i == 0:
-            sets.append(HeldOutSet(source, items, "eval"))
-            continue
-        key = base = source_key(source)
-        n = 1
-        while key in used:
-            n += 1
-            key = f"{base}_{n}"
-        used.add(key)
-        sets.append(HeldOutSet(source, items, f"eval/{key}"))
-    return sets
+def difficulty_metrics(
+    agent: str, item_rows: list[dict[str, Any]], difficulty_of: dict[str, str]
+) -> dict[str, float]:
+    """``eval_difficulty/<value>/acc/<agent>`` (greedy) and ``.../avg@k/<agent>`` of one agent's per-item
+    results (`EvalResult.item_rows`) on the main held-out set, per difficulty value of its items (the
+    embedded task: the number of operations), with ``eval_difficulty/<value>/items/<agent>``."""
+    metrics = {}
+    for difficulty, values in accuracy_by_difficulty(item_rows, difficulty_of).items():
+        for metric, value in values.items():
+            key = "acc" if metric == "greedy_acc" else metric
+            metrics[f"eval_difficulty/{difficulty}/{key}/{agent}"] = value
+    return metrics

@@ -48,12 +48,14 @@ class SharedRollout:
         index: Which of the author's responses to that prompt.
         prompt: The user content (question + instruction, unformatted).
         text: The decoded response (special tokens skipped, terminal EOS stripped).
-        finish_reason: ``"eos"`` or ``"length"``.
+        finish_reason: ``"eos"``, ``"stop"`` or ``"length"``.
         length: Response length in the author's tokens.
         old_logp_sum: The author's old-policy log-likelihood of the response, in its own tokenization.
         old_logp_count: The number of tokens in that sum.
-        reward: Verified reward (set by the driver after grading).
-        grade_reason: Why the grader gave that reward.
+        reward: The reward its advantages are of (set by the driver after grading): ``task.reward``'s, or the
+            weighted sum of ``task.rewards``.
+        grade_reason: Why ``task.reward``'s grader gave its accuracy.
+        reward_terms: With ``task.rewards``, each function's value (None: not applicable).
     """
 
     prompt_index: int
@@ -67,6 +69,7 @@ class SharedRollout:
     old_logp_count: int
     reward: float = float("nan")
     grade_reason: str = ""
+    reward_terms: dict[str, float | None] = field(default_factory=dict)
 
     @property
     def id(self) -> RolloutId:
@@ -92,8 +95,8 @@ def share(rollout: Rollout) -> SharedRollout:
 def as_cross_rollout(shared: SharedRollout) -> Rollout:
     """Another agent's rollout as a learner holds it: text and scalars, no token ids.
 
-    A learner re-encodes a cross sample from its text (`workbench.agents.sharing.reencode_response`), so the
-    author's ids are never needed; empty id lists make any accidental use visible.
+    A learner re-encodes a cross sample from its text (`workbench.agents.forward.sharing.reencode_response`),
+    so the author's ids are never needed; empty id lists make any accidental use visible.
     """
     return Rollout(
         prompt_index=shared.prompt_index,
@@ -196,7 +199,9 @@ class EvalReport:
 
 @dataclass
 class WorkerState:
-    """A worker's part of a checkpoint, on CPU: the agent's trainable weights and its optimizer state."""
+    """A worker's part of a checkpoint, on CPU: the agent's trainable weights, its optimizer state and its
+    learning-rate schedule's state (plain values; empty in checkpoints written before schedules)."""
 
     agent: dict[str, Any]
     optimizer: dict[str, Any]
+    scheduler: dict[str, Any] = field(default_factory=dict)

@@ -7,20 +7,20 @@ call (``rollout``, ``update``, ``evaluate``, ``state_dicts``...), each taking an
 
 | executor | workers | agents run | resources per agent |
 |---|---|---|---|
-| `LocalExecutor` (``local``, default) | in the trainer's process | one after another | the process's |
-| `ThreadExecutor` (``threads``) | in the trainer's process | at once, one thread each | threads ÷ agents |
+| `InProcessExecutor` (``local``, default) | in the trainer's process | one after another | the process's |
+| `InProcessExecutor` (``threads``) | in the trainer's process | at once, a thread each | threads ÷ agents |
 | `RayExecutor` (``ray``) | one Ray actor each | in parallel | ``ray.cpus_per_agent`` CPUs (= torch |
 | | | | threads), a GPU when its device is CUDA |
 
 ``threads`` runs the costly calls (rollout, update, evaluation) of every agent at once, each on a Python
 thread of its own with ``torch.get_num_threads() // agents`` torch threads (at least 1). torch releases the
 GIL inside its operators, so on CPU two small agents on one thread each keep both cores busy, where ``local``
-runs them one after another and their small work on one thread (`workbench.agents.threads`: waking a second
-thread costs more than it gives), leaving the other core idle: a quickstart step takes 0.64-0.70× ``local``'s
-(docs/bench.md). Each agent's calls are the same float operations as under ``local`` at that many threads, so
-the results are bit-identical to ``local`` (and ``ray``) at equal torch threads (``tests/test_executors.py``).
-Agents on one GPU share it at once, as under Ray: the memory plan gives each an equal share of the device
-(`workbench.train.plan`; not yet measured on a GPU).
+runs them one after another and their small work on one thread (`workbench.agents.forward.threads`: waking a
+second thread costs more than it gives), leaving the other core idle: a quickstart step takes 0.64-0.70×
+``local``'s (docs/bench.md). Each agent's calls are the same float operations as under ``local`` at that many
+threads, so the results are bit-identical to ``local`` (and ``ray``) at equal torch threads
+(``tests/test_executors.py``). Agents on one GPU share it at once, as under Ray: the memory plan gives each an
+equal share of the device (`workbench.train.plan`; not yet measured on a GPU).
 
 Placement under Ray: an agent whose ``device`` is ``cuda``, ``cuda:N`` or ``auto`` (on a cluster with GPUs)
 asks for ``ray.gpus_per_agent`` GPUs (default 1) and sees them as ``cuda`` inside its actor (Ray sets
@@ -33,6 +33,7 @@ holds the same environment.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import logging
 import os
@@ -44,18 +45,19 @@ import torch
 
 import workbench.train.exchange as exchange
 from workbench.config.agent_spec import AgentSpec
+from workbench.config.experiment import ExperimentConfig
 from workbench.config.sections import RayConfig
-from workbench.train.plan import AgentFacts
-from workbench.train.worker import AgentWorker
+from workbench.train.plan import AgentFacts, ExperimentPlan, plan_experiment
+from workbench.train.worker import AgentWorker, WorkerArgs
 
 __all__ = [
     "EXECUTORS",
     "Executor",
-    "LocalExecutor",
+    "InProcessExecutor",
     "RayExecutor",
     "RayOptions",
-    "ThreadExecutor",
     "make_executor",
+    "start_workers",
 ]
 
 log = logging.getLogger(__name__)
@@ -124,74 +126,39 @@ class Executor(Protocol):
         ...
 
 
-class LocalExecutor:
-    """Every worker in this process, called one after another (the default, bit-exact path)."""
+class InProcessExecutor:
+    """Every worker in the trainer's process: called one after another (``local``), or, with ``parallel``,
+    rollout, update and evaluation of all agents at once on a thread each (``threads``).
 
-    def __init__(self, worker_kwargs: list[dict[str, Any]]) -> None:
-        self.workers = [AgentWorker(**kwargs) for kwargs in worker_kwargs]
-
-    def rollout(self, requests: list[exchange.RolloutRequest]) -> list[exchange.RolloutReport]:
-        """See `Executor.rollout`."""
-        return [w.rollout(r) for w, r in zip(self.workers, requests, strict=True)]
-
-    def update(self, requests: list[exchange.UpdateRequest]) -> list[exchange.UpdateReport]:
-        """See `Executor.update`."""
-        return [w.update(r) for w, r in zip(self.workers, requests, strict=True)]
-
-    def evaluate(self, request: exchange.EvalRequest) -> list[exchange.EvalReport]:
-        """See `Executor.evaluate`."""
-        return [w.evaluate(request) for w in self.workers]
-
-    def state_dicts(self) -> list[exchange.WorkerState]:
-        """See `Executor.state_dicts`."""
-        return [w.state_dict() for w in self.workers]
-
-    def load_state_dicts(self, states: list[exchange.WorkerState]) -> None:
-        """See `Executor.load_state_dicts`."""
-        for w, state in zip(self.workers, states, strict=True):
-            w.load_state_dict(state)
-
-    def start_weights(self) -> list[str]:
-        """See `Executor.start_weights`."""
-        return [w.start_weights() for w in self.workers]
-
-    def memory_facts(self, prompts: list[str]) -> list[AgentFacts]:
-        """See `Executor.memory_facts`."""
-        return [w.memory_facts(prompts) for w in self.workers]
-
-    def use_memory_budgets(self, budgets: list[int]) -> None:
-        """See `Executor.use_memory_budgets`."""
-        for w, budget in zip(self.workers, budgets, strict=True):
-            w.use_memory_budget(budget)
-
-    def close(self) -> None:
-        """Nothing to release."""
-
-
-class ThreadExecutor(LocalExecutor):
-    """Every worker in this process; rollout, update and evaluation of all agents at once, a thread each.
-
-    The workers are built one after another in the calling thread (their adapters' initialization draws from
-    torch's global generator), exactly as `LocalExecutor` builds them; the cheap calls (state dicts, memory
-    facts) stay one after another too.
+    The workers are built one after another in the calling thread either way (their adapters'
+    initialization draws from torch's global generator), and the cheap calls (state dicts, memory facts)
+    stay one after another; only `_each` differs.
 
     Args:
-        worker_kwargs: `AgentWorker` arguments, one per agent.
-        threads: torch's intra-op threads of each agent's thread; None = the caller's threads // agents, at
-            least 1.
+        workers: One `WorkerArgs` per agent.
+        parallel: Run the costly calls of all agents at once, a thread each.
+        threads: torch's intra-op threads of each agent's thread when parallel; None = the caller's
+            threads // agents, at least 1.
     """
 
-    def __init__(self, worker_kwargs: list[dict[str, Any]], threads: int | None = None) -> None:
-        super().__init__(worker_kwargs)
+    def __init__(self, workers: Sequence[WorkerArgs], *, parallel: bool = False, threads: int | None = None):
+        self.workers = [AgentWorker.build(args) for args in workers]
+        self.parallel = parallel
         self.threads = threads or max(1, torch.get_num_threads() // len(self.workers))
-        self._pool = concurrent.futures.ThreadPoolExecutor(len(self.workers), thread_name_prefix="agent")
+        self._pool = (
+            concurrent.futures.ThreadPoolExecutor(len(self.workers), thread_name_prefix="agent")
+            if parallel
+            else None
+        )
 
     def _each(self, call: Callable[[AgentWorker, T], R], items: Sequence[T]) -> list[R]:
-        """``call(worker, item)`` for every worker at once; results in agent order, after all have ended.
+        """``call(worker, item)`` for every worker, results in agent order: one after another, or at once.
 
-        A worker's exception is raised (the first agent's first) once every other call has ended, so that no
-        agent is still training when the caller handles it.
+        At once, a worker's exception is raised (the first agent's first) once every other call has ended,
+        so that no agent is still training when the caller handles it.
         """
+        if self._pool is None:
+            return [call(w, item) for w, item in zip(self.workers, items, strict=True)]
 
         def on_agent_thread(worker: AgentWorker, item: T) -> R:
             if torch.get_num_threads() != self.threads:  # per thread in OpenMP; set once per pool thread
@@ -221,9 +188,35 @@ class ThreadExecutor(LocalExecutor):
         """See `Executor.evaluate`."""
         return self._each(AgentWorker.evaluate, [request] * len(self.workers))
 
+    def state_dicts(self) -> list[exchange.WorkerState]:
+        """See `Executor.state_dicts`."""
+        return [w.state_dict() for w in self.workers]
+
+    def load_state_dicts(self, states: list[exchange.WorkerState]) -> None:
+        """See `Executor.load_state_dicts`."""
+        for w, state in zip(self.workers, states, strict=True):
+            w.load_state_dict(state)
+
+    def start_weights(self) -> list[str]:
+        """See `Executor.start_weights`."""
+        return [w.start_weights() for w in self.workers]
+
+    def memory_facts(self, prompts: list[str]) -> list[AgentFacts]:
+        """See `Executor.memory_facts`."""
+        return [w.memory_facts(prompts) for w in self.workers]
+
+    def use_memory_budgets(self, budgets: list[int]) -> None:
+        """See `Executor.use_memory_budgets`."""
+        for w, budget in zip(self.workers, budgets, strict=True):
+            w.use_memory_budget(budget)
+
     def close(self) -> None:
-        """Ends the agents' threads, after the calls still running (an interrupted step's) have ended."""
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        """Ends the agents' threads (when parallel), after the calls still running (an interrupted step's)
+        have ended, and stops what their engines run (a vLLM server each)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        for worker in self.workers:
+            worker.close()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -299,23 +292,23 @@ class RayExecutor:
         RuntimeError: The cluster cannot hold the requested actors (names what was asked and what exists).
     """
 
-    def __init__(self, worker_kwargs: list[dict[str, Any]], options: RayOptions, *, seed: int) -> None:
+    def __init__(self, workers: Sequence[WorkerArgs], options: RayOptions, *, seed: int) -> None:
         import ray
 
         if not ray.is_initialized():
             env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
             ray.init(address=options.address, runtime_env={"env_vars": env}, include_dashboard=False)
         gpus_A = [
-            _agent_gpus(kw["spec"], options, ray.cluster_resources().get("GPU", 0.0)) for kw in worker_kwargs
+            _agent_gpus(args.spec, options, ray.cluster_resources().get("GPU", 0.0)) for args in workers
         ]
-        _check_room(ray, {"CPU": options.cpus_per_agent * len(worker_kwargs), "GPU": sum(gpus_A)})
+        _check_room(ray, {"CPU": options.cpus_per_agent * len(workers), "GPU": sum(gpus_A)})
         threads = max(1, int(options.cpus_per_agent))
         remote = ray.remote(AgentWorker)
         self.actors = [
             remote.options(num_cpus=options.cpus_per_agent, num_gpus=gpus).remote(
-                **(kw | {"spec": actor_spec(kw["spec"], gpus)}), seed=seed, threads=threads
+                actor_spec(args.spec, gpus), args.index, args.names, args.settings, seed=seed, threads=threads
             )
-            for kw, gpus in zip(worker_kwargs, gpus_A)
+            for args, gpus in zip(workers, gpus_A)
         ]
         for where in self._gather([actor.ready.remote() for actor in self.actors]):
             log.info("ray actor ready: %s", where)
@@ -369,19 +362,39 @@ class RayExecutor:
         """Ends the actors (their agents' memory is freed); Ray itself keeps running."""
         import ray
 
+        with contextlib.suppress(Exception):  # an actor that died has nothing left to stop
+            ray.get([actor.close.remote() for actor in self.actors], timeout=120)
         for actor in self.actors:
             ray.kill(actor)
         self.actors = []
 
 
 def make_executor(
-    kind: str, worker_kwargs: list[dict[str, Any]], *, seed: int, ray_options: RayOptions | None = None
+    kind: str, workers: Sequence[WorkerArgs], *, seed: int, ray_options: RayOptions | None = None
 ) -> Executor:
-    """The executor named by ``kind`` (`EXECUTORS`)."""
-    if kind == "local":
-        return LocalExecutor(worker_kwargs)
-    if kind == "threads":
-        return ThreadExecutor(worker_kwargs)
+    """The executor named by ``kind`` (`EXECUTORS`) holding a worker per `WorkerArgs`."""
+    if kind in ("local", "threads"):
+        return InProcessExecutor(workers, parallel=kind == "threads")
     if kind == "ray":
-        return RayExecutor(worker_kwargs, ray_options or RayOptions(), seed=seed)
+        return RayExecutor(workers, ray_options or RayOptions(), seed=seed)
     raise ValueError(f"executor = {kind!r} is not allowed: one of {list(EXECUTORS)}")
+
+
+def start_workers(
+    cfg: ExperimentConfig, prompts: list[str], *, kind: str | None = None
+) -> tuple[Executor, ExperimentPlan]:
+    """Every agent of ``cfg`` loaded in its worker (``kind``, None = ``cfg.executor``), with the bytes its
+    generation and evaluation batches may use: one memory plan (`workbench.train.plan`, returned too) gives
+    each agent its device's ``train.memory_fraction``, less the runtime and every agent's weights and
+    optimizer state, measured at the longest of ``prompts``."""
+    executor = make_executor(
+        kind or cfg.executor,
+        WorkerArgs.of_experiment(cfg),
+        seed=cfg.seed,
+        ray_options=RayOptions.from_config(cfg.ray),
+    )
+    plan = plan_experiment(cfg, executor.memory_facts(prompts))
+    executor.use_memory_budgets(plan.budgets)
+    for warning in plan.warnings:
+        log.warning("memory plan: %s", warning)
+    return executor, plan

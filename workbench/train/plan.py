@@ -3,15 +3,15 @@
 `plan_experiment` is the one place batch sizes come from: the trainer calls it with what its workers report
 after loading (`AgentFacts`), and ``python -m workbench plan CONFIG`` with facts read from each model's
 config alone (`facts_from_config`; no weights are loaded). Per device it takes ``train.memory_fraction`` of
-the device's memory, subtracts the runtime (`workbench.agents.memory.runtime_bytes`, one per process) and
+the device's memory, subtracts the runtime (`workbench.agents.plan.memory.runtime_bytes`, one per process) and
 every agent's resident bytes (weights, adapters, optimizer state, KV reference), and gives each agent the rest
 as its transient budget: all of it with ``executor: local`` (agents run one after another), an equal share
 with ``executor: threads`` or ``ray`` (agents on one device run at once). Generation and evaluation batches
-hold as many rows as that budget allows (`workbench.agents.memory.generation_rows` at run time, with the real
-prompt lengths).
+hold as many rows as that budget allows (`workbench.agents.plan.memory.generation_rows` at run time, with the
+real prompt lengths).
 An update or scoring micro-batch counts ``train.micro_batch_size`` full-length sequences, fewer when
 ``train.micro_batch_tokens`` cuts it (`micro_batch_rows`); packed micro-batches (no padding, shared prompts
-once: `workbench.agents.packing`) hold fewer tokens than that, so the plan errs on the safe side.
+once: `workbench.agents.forward.packing`) hold fewer tokens than that, so the plan errs on the safe side.
 
 Times are estimates for CUDA from three device constants (`SPEEDS`): sustained matmul FLOP/s, memory
 bandwidth, and the cost of one eager op (kernel launch + Python dispatch); a decode step costs the largest.
@@ -25,9 +25,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from workbench.agents.configs import model_config, prompt_tokens
-from workbench.agents.hf import precision_policy
-from workbench.agents.memory import (
+from workbench.agents.models.configs import model_config, prompt_tokens
+from workbench.agents.plan.memory import (
     AgentMemory,
     ModelDims,
     agent_memory,
@@ -39,7 +38,8 @@ from workbench.agents.memory import (
     trained_kind,
     training_bytes,
 )
-from workbench.agents.shapes import Inventory, checkpoint_bytes
+from workbench.agents.plan.precision import precision_policy
+from workbench.agents.plan.shapes import Inventory, checkpoint_bytes
 from workbench.config.agent_spec import AgentSpec
 from workbench.config.experiment import ExperimentConfig
 
@@ -150,7 +150,7 @@ def _phases(
     t, kind, act = cfg.train, facts.device_type, _act(spec, facts.device_type)
     prompt, new = facts.prompt_tokens, t.max_new_tokens
     eval_new = t.eval_max_new_tokens or new
-    needed = t.prompts_per_step * t.group_size * cfg.algo.group_multiplier
+    needed = t.prompts_per_step * cfg.step_method.group_size
     per_row = generation_row_bytes(dims, act, prompt, new, sampled=True, top_p=t.top_p)
     rollout = rows_within(budget, per_row, needed, kind)
     greedy_row = generation_row_bytes(dims, act, prompt, eval_new, sampled=False)
@@ -197,7 +197,7 @@ def _seconds(
         "generate_s": batches * t.max_new_tokens * step,
         "decode_tok_s": rows / step,
         "score_s": 2 * inv.params * tokens / speed.flops,
-        "update_s": 6 * inv.params * tokens * (1 + cfg.algo.share_rollouts) / speed.flops,
+        "update_s": 6 * inv.params * tokens * (1 + cfg.step_method.shares_rollouts) / speed.flops,
     }
 
 
@@ -293,7 +293,7 @@ def facts_from_config(
     """
     import torch
 
-    from workbench.agents.memory import device_memory
+    from workbench.agents.plan.memory import device_memory
 
     facts, notes = [], []
     for spec in cfg.agents:

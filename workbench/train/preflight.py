@@ -6,8 +6,10 @@ looking at the machine is checked here, in a second or two, before ``train`` bui
 | checked | how |
 |---|---|
 | ``agents[i].model`` / ``.tokenizer`` | tiny preset names, embedded models' packages, directories holding a |
-| | ``config.json``, hub ids present in the cache when offline (`workbench.agents.loading.model_problem`) |
+| | ``config.json``, hub ids present in the cache when offline
+(`workbench.agents.models.loading.model_problem`) |
 | ``agents[i].device``, ``.quantization`` | a CUDA device exists; bitsandbytes imports |
+| ``agents[i].lora`` | peft builds its ``LoraConfig`` (peft's own checks of the fields together) |
 | ``task.reward`` | a built-in method, or a custom ``package.module:function`` that imports and grades |
 | ``task.source`` / ``task.knobs`` | the source exists and its knobs are its own; files are read and every |
 | | record's layout detected; generators make a few problems with the given knobs |
@@ -26,10 +28,12 @@ from typing import Any
 
 import torch
 
-from workbench.agents.loading import model_problem
-from workbench.agents.warm import WARM_STARTS
+from workbench.agents.models.hf import lora_config
+from workbench.agents.models.loading import model_problem
+from workbench.agents.models.warm import WARM_STARTS
+from workbench.config.agent_spec import AgentSpecError
 from workbench.config.checks import ConfigError
-from workbench.config.experiment import ExperimentConfig, TaskConfig
+from workbench.config.experiment import ExperimentConfig
 from workbench.core.types import TaskItem
 from workbench.tasks.rewards import reward_problem
 from workbench.tasks.sources import check_disjoint, knobs_of, load_tasks
@@ -39,7 +43,6 @@ __all__ = [
     "GENERATED_ITEMS",
     "check_experiment",
     "experiment_problems",
-    "held_out_sources",
     "warm_start_mismatches",
 ]
 
@@ -47,25 +50,6 @@ log = logging.getLogger(__name__)
 
 GENERATED_ITEMS = 16
 """Problems a generator (``embedded``, ``gym:``) makes in the check: enough to exercise its knobs."""
-
-
-def held_out_sources(task: TaskConfig) -> list[tuple[str, str, Mapping[str, Any]]]:
-    """``(field, source, knobs)`` of every held-out source, resolved as the trainer resolves them.
-
-    ``eval_source`` (None: the training source's ``test`` split) with ``eval_knobs`` (None: ``knobs`` for the
-    same source, else none), then any further ``eval_sources`` (each ``{source, knobs}`` or a name).
-    """
-    source = task.eval_source or task.source
-    knobs = task.eval_knobs
-    if knobs is None:
-        knobs = task.knobs if source == task.source else {}
-    found = [("task.eval_source" if task.eval_source else "task.source", source, knobs)]
-    for i, extra in enumerate(getattr(task, "eval_sources", None) or ()):
-        if isinstance(extra, str):
-            found.append((f"task.eval_sources[{i}]", extra, {}))
-        else:
-            found.append((f"task.eval_sources[{i}]", extra["source"], extra.get("knobs") or {}))
-    return found
 
 
 def _generated(source: str) -> bool:
@@ -98,7 +82,7 @@ def _task_problems(cfg: ExperimentConfig) -> list[str]:
     problems = [problem] if problem else []
     if not task.eval_size:
         return problems
-    for field, source, knobs in held_out_sources(task):
+    for field, source, knobs in task.held_out_sources():
         held_out, problem = _load(field, source, knobs, "test", task.eval_size, cfg.seed)
         if problem:
             problems.append(problem)
@@ -127,6 +111,11 @@ def _agent_problems(cfg: ExperimentConfig) -> list[str]:
                 f"agents[{i}].device = {spec.device!r} is not allowed on this machine: it has no CUDA "
                 "device; use auto or cpu"
             )
+        if spec.lora is not None:
+            try:
+                lora_config(spec.lora)  # peft's own checks of the combination
+            except AgentSpecError as exc:
+                problems.append(f"agents[{i}].{exc}")
         if spec.quantization != "none" and importlib.util.find_spec("bitsandbytes") is None:
             problems.append(
                 f"agents[{i}].quantization = {spec.quantization!r} needs bitsandbytes, which is not "

@@ -11,7 +11,7 @@ Every sink stays on this machine by default:
 
 | sink | install | where the data goes |
 |---|---|---|
-| ``tensorboard`` | ``pip install tensorboard`` | ``<run_dir>/tensorboard/`` (``tensorboard --logdir``) |
+| ``tensorboard`` | installed with the workbench | ``<run_dir>/tensorboard/`` (``tensorboard --logdir``) |
 | ``trackio`` | ``pip install trackio`` | Trackio's local database (``$TRACKIO_DIR``, default |
 | | | ``~/.cache/huggingface/trackio``; ``trackio show``); a Space only with ``TRACKIO_SPACE_ID`` |
 | ``wandb`` | ``pip install wandb`` | ``<run_dir>/wandb/``, offline; online only with ``WANDB_MODE=online`` |
@@ -39,11 +39,13 @@ __all__ = ["SINKS", "Tracker", "report_to_problem"]
 log = logging.getLogger(__name__)
 
 SINKS: dict[str, tuple[str, str]] = {
-    "tensorboard": ("tensorboard", "pip install tensorboard"),
+    "tensorboard": ("tensorboard", "pip install -e . installs it: it is a dependency in pyproject.toml"),
     "trackio": ("trackio", "pip install trackio"),
     "wandb": ("wandb", "pip install wandb"),
 }
-"""Sink name -> (module that must import, how to install it)."""
+"""Sink name -> (module that must import, how to install it). TensorBoard is a dependency of the workbench;
+Trackio and W&B stay optional: a run that names one that is not installed stops before any model loads with
+this hint (`report_to_problem`)."""
 
 
 def report_to_problem(names: Iterable[str], field: str = "output.report_to") -> str | None:

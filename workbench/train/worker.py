@@ -4,7 +4,7 @@ The driver (`workbench.train.trainer.Trainer`) runs Algorithm 1 and talks to eac
 worker's calls, whose requests and reports are text, rewards and scalars (`workbench.train.exchange`):
 
     rollout(RolloutRequest)          generate G responses per prompt, then the one no-grad pass over them
-                                     (old + KL reference log-probs, `score_self`) → SharedRollouts
+                                     (old + KL reference log-probs, `workbench.train.scoring`)
     update(UpdateRequest)            build the learner's batch (own token ids + cross text re-encoded),
                                      mini-batch updates (`update_learner`) → metrics and per-sample ratios
     evaluate(EvalRequest)            greedy and sampled accuracy rows, per-item results
@@ -20,22 +20,24 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from workbench.agents.agent import Agent
-from workbench.agents.engine import RolloutEngine, TransformersEngine, check_rollouts
-from workbench.agents.hf import precision
-from workbench.agents.loading import load_agent
-from workbench.agents.memory import device_key, device_memory
+from workbench.agents.forward.agent import Agent, precision
+from workbench.agents.generation.engine import RolloutEngine, TransformersEngine, check_rollouts
+from workbench.agents.generation.vllm_engine import VLLMEngine, engine_python
+from workbench.agents.models.loading import load_agent
+from workbench.agents.models.schedules import lr_scheduler
+from workbench.agents.plan.memory import device_key, device_memory
 from workbench.config.agent_spec import AgentSpec
 from workbench.config.experiment import ExperimentConfig
 from workbench.core.losses import LossParams
 from workbench.core.types import Rollout
-from workbench.train.batches import OldScores, build_learner_batch
+from workbench.train.batches import UpdateSettings, build_learner_batch
 from workbench.train.evaluate import evaluate
 from workbench.train.exchange import (
     EvalReport,
@@ -48,16 +50,12 @@ from workbench.train.exchange import (
     as_cross_rollout,
     share,
 )
+from workbench.train.metrics import learner_metrics
 from workbench.train.plan import AgentFacts
-from workbench.train.update import (
-    UpdateSettings,
-    learner_metrics,
-    score_cross,
-    score_own,
-    update_learner,
-)
+from workbench.train.scoring import OldScores, score_own, set_old_policy
+from workbench.train.update import update_learner
 
-__all__ = ["AgentWorker", "WorkerSettings"]
+__all__ = ["AgentWorker", "WorkerArgs", "WorkerSettings"]
 
 log = logging.getLogger(__name__)
 
@@ -82,14 +80,28 @@ class WorkerSettings:
     """AdamW (β1, β2)."""
     ratio_normalization: str = "tokens"
     """How a cross sample's log-likelihoods are length-normalised (``tokens`` or ``bytes``)."""
+    batch_order: str = "own_first"
+    """Order of a learner's rows over its mini-batches (``own_first`` or ``by_prompt``)."""
     compile_decode: bool = False
-    """The built-in engine decodes under ``torch.compile`` (`workbench.agents.engine.TransformersEngine`)."""
+    """The built-in engine decodes under ``torch.compile``
+    (`workbench.agents.generation.engine.TransformersEngine`)."""
+    engine: str = "hf"
+    """What samples the rollouts (``hf`` or ``vllm``, `workbench.config.sections.TrainConfig.engine`)."""
+    engine_python: str = ""
+    """With ``vllm``: the engine environment's interpreter (checked before any model loads)."""
+    engine_eager: bool = False
+    """With ``vllm``: skip vLLM's compilation."""
+    lr_schedule: str = "constant"
+    """Learning-rate schedule (``agents[i].lr_schedule`` overrides it for one agent)."""
+    warmup: int = 0
+    """Warm-up steps of the schedule."""
+    steps: int = 1
+    """Training steps of the run (the schedule's length)."""
 
     @classmethod
     def from_config(cls, cfg: ExperimentConfig) -> WorkerSettings:
         """What every worker needs from the config: optimizer, update and loss scalars, sampling caps."""
-        h, t, method = cfg.hacpo, cfg.train, cfg.algo
-        eps_low, eps_high = method.clip or (h.eps_low, h.eps_high)
+        h, t, method = cfg.hacpo, cfg.train, cfg.step_method
         return cls(
             update=UpdateSettings(
                 loss=method.loss,
@@ -100,11 +112,12 @@ class WorkerSettings:
                 kl_coef=t.kl_coef,
                 grad_clip=t.grad_clip,
                 skip_uniform_groups=t.skip_uniform_groups,
-                cross_old_from_learner=h.naive_symmetric,
+                cross_old_from_learner=method.shared_old_policy == "learner",
+                mask_truncated=t.mask_truncated,
             ),
             loss=LossParams(
-                eps_low=eps_low,
-                eps_high=eps_high,
+                eps_low=method.eps_low,
+                eps_high=method.eps_high,
                 alpha=h.alpha,
                 delta=h.delta,
                 delta_step=h.delta_step,
@@ -116,9 +129,36 @@ class WorkerSettings:
             top_p=t.top_p,
             max_new_tokens=t.max_new_tokens,
             betas=(t.adam_beta1, t.adam_beta2),
-            ratio_normalization=h.ratio_normalization,
+            ratio_normalization=method.ratio_normalization,
+            batch_order=method.batch_order,
             compile_decode=t.compile_decode,
+            engine=t.engine,
+            engine_python=str(engine_python()) if t.engine == "vllm" else "",
+            engine_eager=t.engine_eager,
+            lr_schedule=t.lr_schedule,
+            warmup=t.warmup,
+            steps=t.steps,
         )
+
+
+@dataclass(frozen=True)
+class WorkerArgs:
+    """What builds one agent's worker, the same in this process and in a Ray actor (picklable)."""
+
+    spec: AgentSpec
+    """The agent spec (loaded by the worker, so an actor loads its own model on its own device)."""
+    index: int
+    """The agent's index k."""
+    names: tuple[str, ...]
+    """Every agent's name, in agent order (metric keys name sources)."""
+    settings: WorkerSettings
+    """Optimizer, update and sampling settings."""
+
+    @classmethod
+    def of_experiment(cls, cfg: ExperimentConfig) -> list[WorkerArgs]:
+        """One per agent of the experiment, in agent order."""
+        names, settings = tuple(cfg.agent_names), WorkerSettings.from_config(cfg)
+        return [cls(spec, k, names, settings) for k, spec in enumerate(cfg.agents)]
 
 
 class AgentWorker:
@@ -132,15 +172,15 @@ class AgentWorker:
         seed: Seeds the global RNGs before loading (a Ray actor's own process); None leaves them alone
             (in-process, the trainer seeded once).
         threads: ``torch.set_num_threads`` for this worker's process (Ray actors); None leaves it alone.
-        engine: Builds the rollout engine of the loaded agent (`workbench.agents.engine`); None = the
-            built-in `TransformersEngine`.
+        engine: Builds the rollout engine of the loaded agent (`workbench.agents.generation.engine`); None =
+            the built-in `TransformersEngine`.
     """
 
     def __init__(
         self,
         spec: AgentSpec,
         index: int,
-        names: list[str],
+        names: Sequence[str],
         settings: WorkerSettings,
         *,
         seed: int | None = None,
@@ -152,31 +192,55 @@ class AgentWorker:
         if seed is not None:
             torch.manual_seed(seed)
             random.seed(seed)
-        self.index, self.names, self.settings = index, names, settings
+        self.index, self.names, self.settings = index, list(names), settings
         self.agent = load_agent(spec)
         # Digest of the starting weights, before anything can change them (the run's environment record).
         self._start_digest = self.agent.weights_digest()
         self.optimizer = torch.optim.AdamW(
             self.agent.trainable_parameters(),
-            lr=settings.lr,
+            lr=spec.lr or settings.lr,
             betas=settings.betas,
             weight_decay=settings.weight_decay,
         )
-        self.engine = (
-            engine(self.agent)
-            if engine is not None
-            else TransformersEngine(self.agent, compile_decode=settings.compile_decode)
+        self.scheduler = lr_scheduler(
+            self.optimizer,
+            spec.lr_schedule or settings.lr_schedule,
+            warmup=settings.warmup,
+            steps=settings.steps,
         )
+        self.engine = engine(self.agent) if engine is not None else self._built_in_engine(settings)
         self.memory_budget: int | None = None
         self._own: list[Rollout] = []
         self._own_scores: OldScores | None = None
+
+    def _built_in_engine(self, settings: WorkerSettings) -> RolloutEngine:
+        if settings.engine == "vllm":  # its server starts at the first rollout, on the weights of then
+            return VLLMEngine(
+                self.agent,
+                Path(settings.engine_python),
+                enforce_eager=settings.engine_eager,
+                threads=torch.get_num_threads(),
+            )
+        return TransformersEngine(self.agent, compile_decode=settings.compile_decode)
+
+    def close(self) -> None:
+        """Stop what the engine runs beside the trainer (a vLLM server); the agent stays usable."""
+        close = getattr(self.engine, "close", None)
+        if close is not None:
+            close()
+
+    @classmethod
+    def build(cls, args: WorkerArgs, **options: Any) -> AgentWorker:
+        """The worker of ``args`` (``options``: ``seed``, ``threads``, ``engine``, as for the constructor)."""
+        return cls(args.spec, args.index, args.names, args.settings, **options)
 
     def ready(self) -> str:
         """Where the agent sits (a Ray actor's first answer: loading errors surface here)."""
         return f"{self.agent.name} on {self.agent.device} ({torch.get_num_threads()} threads)"
 
     def start_weights(self) -> str:
-        """`workbench.agents.agent.state_digest` of the agent's weights as loaded, before any update."""
+        """`workbench.agents.forward.agent.state_digest` of the agent's weights as loaded, before any
+        update."""
         return self._start_digest
 
     def memory_facts(self, prompts: list[str]) -> AgentFacts:
@@ -241,16 +305,18 @@ class AgentWorker:
             [as_cross_rollout(r) for r in request.cross],
             request.advantages_P_A_G,
             request.coef_A,
-            own_scores,
             ratio_normalization=self.settings.ratio_normalization,
+            batch_order=self.settings.batch_order,
             skip_uniform_groups=t.skip_uniform_groups,
+            mask_truncated=t.mask_truncated,
         )
+        lr = self.optimizer.param_groups[0]["lr"]
         with precision(self.agent):
-            if t.cross_old_from_learner:  # the symmetric Naive: shared rows against the learner's own policy
-                score_cross(self.agent, batch, t)
+            set_old_policy(self.agent, batch, own_scores, t)
             update = update_learner(
                 self.agent, self.optimizer, batch, self.settings.loss, t, where=request.where
             )
+        self.scheduler.step()  # the next step's rate (once per training step, `lr_scheduler`)
         self.engine.sync()
         samples = {
             r.id: {"advantage": a, "ratio": s, "lower_bound": lo, "upper_bound": hi}
@@ -263,6 +329,7 @@ class AgentWorker:
             )
         }
         metrics = learner_metrics(self.agent.name, self.names, batch, update, skipping=t.skip_uniform_groups)
+        metrics[f"train/lr/{self.agent.name}"] = lr
         return UpdateReport(metrics, samples)
 
     def evaluate(self, request: EvalRequest) -> EvalReport:
@@ -298,13 +365,22 @@ class AgentWorker:
 
     # ----------------------------------------------------------------------------------------- state
     def state_dict(self) -> WorkerState:
-        """Trainable weights and optimizer state, on CPU (a driver without the agent's GPU can hold them)."""
-        return WorkerState(self.agent.trainable_state_dict(), _on_cpu(self.optimizer.state_dict()))
+        """Trainable weights, optimizer and schedule state, on CPU (a driver without the agent's GPU can hold
+        them)."""
+        return WorkerState(
+            self.agent.trainable_state_dict(),
+            _on_cpu(self.optimizer.state_dict()),
+            self.scheduler.state_dict(),
+        )
 
     def load_state_dict(self, state: WorkerState) -> None:
-        """Restore what `state_dict` returned (optimizer tensors move to the agent's device)."""
+        """Restore what `state_dict` returned (optimizer tensors move to the agent's device). A checkpoint
+        written before schedules were saved has none: its run had a constant rate, which the optimizer's own
+        state already holds."""
         self.agent.load_trainable_state_dict(state.agent)
         self.optimizer.load_state_dict(state.optimizer)
+        if state.scheduler:
+            self.scheduler.load_state_dict(state.scheduler)
         self.engine.sync()
 
 

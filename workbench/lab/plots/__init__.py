@@ -13,12 +13,16 @@ or the LONG frame of ``melt_metric`` for its key family, and returns a finished 
 | :func:`clip_fraction_chart` | ``is/*/*/clip_frac``, ``in_range_frac`` | clipped / in-range fractions |
 | :func:`cross_weight_chart` | ``explore.cross_weight_table`` | a cross sample's weight against s |
 | :func:`cost_chart` | ``cost`` | rollouts generated vs trained per agent |
+| :func:`diagnostics_chart` | ``workbench.lab.diagnostics.signals_frame`` | per-source signals of each run |
+| :func:`verdict_chart` | ``verdicts.csv`` | every claim's Δ with its 95% interval (ablations against HACPO) |
+| :func:`regime_chart` | ``workbench.lab.regime.regime_table`` | HACPO − GSPO against the samples behind P̂ |
 
 Runs of one method (seeds) are averaged: each curve is their mean per step with a ±std band (a single line
 for one run).
 
-The modules: ``charts`` (the functions above), ``style`` (:data:`THEME`, :data:`PALETTE`, :data:`DASHES`,
-:data:`SHAPES`; methods keep the colour and order of ``workbench.config.methods``), ``export``
+The modules: ``charts`` (Figures 3-4 and the training diagnostics), ``studies`` (the figures of studies:
+`diagnostics_chart`, `verdict_chart`, `regime_chart`), ``style`` (:data:`THEME`, :data:`PALETTE`,
+:data:`DASHES`, :data:`SHAPES`; methods keep the colour and order of ``workbench.config.methods``), ``export``
 (:func:`save_chart` writes PNG, SVG and self-contained HTML atomically). :func:`setup_notebook` selects the
 offline ``svg`` renderer (JupyterLab 4's own renderer does not know Vega-Lite v6). altair is imported in this
 package and nowhere else.
@@ -35,6 +39,7 @@ from workbench.lab.plots.charts import (
     training_curves,
 )
 from workbench.lab.plots.export import chart_to_svg, save_chart
+from workbench.lab.plots.studies import diagnostics_chart, regime_chart, verdict_chart
 from workbench.lab.plots.style import DASHES, PALETTE, SHAPES, THEME, setup_notebook
 
 __all__ = [
@@ -48,9 +53,12 @@ __all__ = [
     "clip_fraction_chart",
     "cost_chart",
     "cross_weight_chart",
+    "diagnostics_chart",
     "omega_chart",
     "ratio_chart",
+    "regime_chart",
     "save_chart",
     "setup_notebook",
     "training_curves",
+    "verdict_chart",
 ]

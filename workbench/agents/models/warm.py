@@ -2,15 +2,15 @@
 
 Out of the box the embedded models score near 0 on the embedded task (SmolLM2-135M-Instruct rambles, the
 Gemma-3-270M base model continues the prompt), so RL has no signal to work with. A warm start teaches each one
-the answer format and part of the skill: a LoRA adapter trained by `workbench.agents.sft.supervised_steps` on
-worked solutions of a named task regime, stopped where greedy accuracy on 1,000 held-out items lies in the
-middle of the curve, like the tiny zoo's warm starts.
+the answer format and part of the skill: a LoRA adapter trained by
+`workbench.agents.models.sft.supervised_steps` on worked solutions of a named task regime, stopped where
+greedy accuracy on 1,000 held-out items lies in the middle of the curve, like the tiny zoo's warm starts.
 
 ``model: warm:<name>`` (`WARM_STARTS`) loads the embedded base model with the shipped adapter
-(``zoo/warm/<name>/adapter_model.safetensors``, `workbench.agents.shipped`) merged into its weights; the
-merged model is cached under ``$HACPO_CACHE/warm/`` on first use. An agent spec then puts its own, fresh LoRA
-adapter on top for RL (so RL starts exactly at the warm start, and the KL reference of a LoRA agent, the model
-with its adapters disabled, is the warm-started model).
+(``zoo/warm/<name>/adapter_model.safetensors``, `workbench.agents.models.shipped`) merged into its weights;
+the merged model is cached under ``$HACPO_CACHE/warm/`` on first use. An agent spec then puts its own, fresh
+LoRA adapter on top for RL (so RL starts exactly at the warm start, and the KL reference of a LoRA agent, the
+model with its adapters disabled, is the warm-started model).
 
 A warm start was trained with one prompt format: use the same in the experiment (`WarmStart.agent_fields`
 and `WarmStart.instruction`; the pre-flight check names any difference). ``python -m workbench zoo build
@@ -33,10 +33,10 @@ from typing import Any
 
 import torch
 
-from workbench.agents.embedded import ensure_embedded
-from workbench.agents.hf import build_agent, lora_config
-from workbench.agents.sft import greedy_accuracy, solution_pairs, supervised_steps
-from workbench.agents.shipped import ship, shipped_card, shipped_dir
+from workbench.agents.models.embedded import ensure_embedded
+from workbench.agents.models.hf import build_agent, lora_config
+from workbench.agents.models.sft import greedy_accuracy, solution_pairs, supervised_steps
+from workbench.agents.models.shipped import ship, shipped_card, shipped_dir
 from workbench.config.agent_spec import DEFAULT_PROMPT_TEMPLATE, AgentSpec, LoraSpec
 from workbench.core.env import cache_root
 from workbench.core.io import atomic_write_json
@@ -59,7 +59,7 @@ class WarmStart:
     """How one warm start is trained (every number fixed, so a build is reproducible on one machine)."""
 
     base: str
-    """Embedded model it adapts (`workbench.agents.embedded.EMBEDDED_MODELS`)."""
+    """Embedded model it adapts (`workbench.agents.models.embedded.EMBEDDED_MODELS`)."""
     knobs: dict[str, Any]
     """Embedded-task knobs of its training and held-out problems (``regime`` and overrides)."""
     steps: int
@@ -169,8 +169,8 @@ def warm_source(name: str, *, adapter_dir: Path | None = None) -> Path:
 
     Raises:
         KeyError: Unknown warm start.
-        workbench.agents.shipped.ShippedError: The shipped adapter does not match the manifest.
-        workbench.agents.embedded.EmbeddedModelError: The base model's package is missing.
+        workbench.agents.models.shipped.ShippedError: The shipped adapter does not match the manifest.
+        workbench.agents.models.embedded.EmbeddedModelError: The base model's package is missing.
     """
     preset = warm_preset(name)
     folder = adapter_dir or shipped_dir("warm", name)
@@ -235,7 +235,7 @@ def _train_into(name: str, preset: WarmStart, out_dir: Path) -> dict[str, Any]:
     return {
         "warm_start": name,
         **{k: v for k, v in dataclasses.asdict(preset).items() if k != "lora"},
-        "lora": dataclasses.asdict(preset.lora),
+        "lora": preset.lora.to_dict(),
         "trainable_parameters": sum(p.numel() for p in student.trainable_parameters()),
         "final_sft_loss": round(final_loss, 4),
         **_measure(name, preset, out_dir),

@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-from workbench.agents.rollout import generate
-from workbench.agents.tokens import pack
+from workbench.agents.forward.tokens import pack
+from workbench.agents.generation.rollout import generate
 from workbench.tasks.arithmetic import embedded_task
 from workbench.tasks.prompts import build_prompt
 from workbench.tasks.rewards import grade_batch

@@ -1,5 +1,5 @@
-"""Preallocated KV caches for `workbench.agents.rollout.generate`: growing (`preallocate`) and static
-(`make_static`).
+"""Preallocated KV caches for `workbench.agents.generation.rollout.generate`: growing (`preallocate`) and
+static (`make_static`).
 
 transformers' ``DynamicLayer`` grows its keys and values with ``torch.cat`` at every decoded token, so a
 response of N tokens copies the whole cache N times (O(N²) memory traffic). `preallocate` moves each

@@ -7,7 +7,7 @@ MLP width, attention layer types); `Inventory` counts the parameters of the same
 match are counted as transformers builds them. `agent_memory` turns both plus the agent spec and the device
 type into the resident bytes (`AgentMemory`); `generation_row_bytes`, `training_bytes` and `scoring_bytes`
 give the transient bytes of each phase; `rows_within` sizes a batch. `workbench.train.plan` combines them for
-an experiment, and `generation_rows` is what `workbench.agents.rollout.generate` asks at run time.
+an experiment, and `generation_rows` is what `workbench.agents.generation.rollout.generate` asks at run time.
 
 Activation sizes are counts of what autograd saves per token and layer, measured on CPU with
 ``torch.autograd.graph.saved_tensors_hooks`` for Llama-, Qwen3- and GPT-2-style layers (transformers 5.24,
@@ -27,8 +27,7 @@ from typing import Any
 
 import torch
 
-from workbench.agents.logprobs import LOGITS_CHUNK_BYTES
-from workbench.agents.shapes import Inventory, config_dict, first_of
+from workbench.agents.plan.shapes import Inventory, config_dict, first_of
 from workbench.config.agent_spec import AgentSpec
 
 __all__ = [
@@ -50,6 +49,9 @@ __all__ = [
 ]
 
 GiB = 1 << 30
+LOGITS_CHUNK_BYTES = 64 << 20
+"""fp32 logits per chunk (64 MiB: 110 tokens of Qwen3's 152k vocabulary, 341 of SmolLM2's 49k)."""
+
 CPU_MAX_ROWS = 256
 """On CPU a generation batch stops at 256 rows (a quickstart step's 32 prompts × G 8): there compute, not
 memory, bounds a batch. CUDA batches are bounded by memory only."""
@@ -189,7 +191,7 @@ def agent_memory(
         kl: Whether the KL term is on (a full fine-tune then keeps a frozen reference copy).
         checkpoint_bytes: Bytes per parameter of the checkpoint file (its config's ``dtype``).
     """
-    from workbench.agents.hf import precision_policy
+    from workbench.agents.plan.precision import precision_policy
 
     policy = precision_policy(spec, device_type)
     w = element_bytes(policy.weights)
@@ -253,9 +255,9 @@ def training_bytes(
     """``(activations, logits)`` peak of one micro-batch's forward and backward.
 
     Activations: what autograd keeps for ``sequences × tokens`` plus, in the backward, one layer's activations
-    and their gradients (recomputed under checkpointing). Logits: `workbench.agents.logprobs` keeps one chunk
-    of fp32 logits (`LOGITS_CHUNK_BYTES`) with its upcast, exp and gradient, plus the response positions'
-    hidden states.
+    and their gradients (recomputed under checkpointing). Logits: `workbench.agents.forward.logprobs` keeps
+    one chunk of fp32 logits (`LOGITS_CHUNK_BYTES`) with its upcast, exp and gradient, plus the response
+    positions' hidden states.
     """
     n = sequences * tokens
     kept = dims.saved_per_token(tokens, checkpointing=checkpointing, trained=trained) * n * act
@@ -314,7 +316,7 @@ def generation_rows(
     budget: int | None = None,
     memory_fraction: float = 0.9,
 ) -> int:
-    """Rows `workbench.agents.rollout.generate` samples together for ``agent`` (an `Agent`).
+    """Rows `workbench.agents.generation.rollout.generate` samples together for ``agent`` (an `Agent`).
 
     Args:
         agent: The loaded agent (its config and device are read; nothing is allocated).
@@ -326,7 +328,7 @@ def generation_rows(
             device's memory, less the runtime and the model's own tensors.
         memory_fraction: Share of the device's memory the budget may fill when ``budget`` is None.
     """
-    from workbench.agents.hf import precision_policy
+    from workbench.agents.plan.precision import precision_policy
 
     dims = ModelDims.from_config(agent.model.config)
     act = element_bytes(precision_policy(agent.spec, agent.device.type).activations)

@@ -1,8 +1,8 @@
 """transformers / peft / bitsandbytes: build an `Agent` from a resolved model source (directory or hub id).
 
 The spec → ``LoraConfig`` / ``BitsAndBytesConfig`` translations are tiny pure functions; the libraries are
-imported inside them, so importing this module stays cheap. `workbench.agents.loading.load_agent` resolves
-model strings (tiny presets, embedded models, paths, hub ids) and calls `build_agent`.
+imported inside them, so importing this module stays cheap. `workbench.agents.models.loading.load_agent`
+resolves model strings (tiny presets, embedded models, paths, hub ids) and calls `build_agent`.
 
 Precision policy (``dtype: auto``, the default; `precision_policy` decides it from the spec and the device
 type alone, so a CPU test can apply the CUDA policy to a tiny model):
@@ -28,33 +28,27 @@ non-reentrant checkpoints, with input gradients enabled.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import logging
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from workbench.agents.agent import Agent, AgentLoadError
+from workbench.agents.forward.agent import Agent, AgentLoadError
+from workbench.agents.plan.precision import Precision, precision_policy, resolve_device
 from workbench.config.agent_spec import QUANTIZATIONS, AgentSpec, AgentSpecError, LoraSpec, choice
+from workbench.config.frozen import thaw
 from workbench.core import env
 
 __all__ = [
     "DEFAULT_MAX_NEW_TOKENS",
-    "Precision",
-    "autocast_dtype",
     "bnb_config",
     "build_agent",
     "build_model",
     "lora_config",
-    "precision",
-    "precision_policy",
-    "resolve_device",
-    "resolve_dtype",
 ]
 
 logger = logging.getLogger(__name__)
@@ -100,44 +94,6 @@ def _load_tokenizer(spec: AgentSpec, tok_source: str) -> Any:
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
-
-
-@dataclass(frozen=True)
-class Precision:
-    """The dtypes of one agent (`precision_policy`)."""
-
-    weights: torch.dtype
-    """Unquantized weights as loaded: embeddings, norms, LM head, and every layer when not quantized."""
-    compute: torch.dtype
-    """bitsandbytes compute dtype of the quantized linear layers."""
-    autocast: torch.dtype | None
-    """Autocast dtype of every forward pass (`precision`); None = none."""
-    reference: torch.dtype
-    """Weights of the frozen KL reference of a full fine-tune."""
-    adapters: torch.dtype = torch.float32
-    """LoRA adapters (peft upcasts them to fp32 on a bf16 base)."""
-
-    @property
-    def activations(self) -> torch.dtype:
-        """The dtype of hidden states, KV cache and logits (the planner's per-token sizes)."""
-        return self.autocast or self.weights
-
-
-def precision_policy(spec: AgentSpec, device_type: str) -> Precision:
-    """The precision of an agent as a pure function of its spec and the device type (``cpu``, ``cuda``).
-
-    See the module docstring for the table; an explicit ``dtype`` / ``compute_dtype`` is honoured.
-    """
-    device = torch.device(device_type)
-    full_finetune = spec.lora is None
-    weights = resolve_dtype(spec.dtype, device, full_finetune=full_finetune)
-    autocast = autocast_dtype(spec, device)
-    return Precision(
-        weights=weights,
-        compute=resolve_dtype(spec.compute_dtype, device),
-        autocast=autocast,
-        reference=torch.bfloat16 if autocast is not None else weights,
-    )
 
 
 def _quantized_layers(model: Any) -> int:
@@ -219,51 +175,30 @@ def _stop_ids(tokenizer: Any, model: Any) -> tuple[int, ...]:
     return tuple(ids)
 
 
-def resolve_device(device: str) -> Any:
-    """``auto`` -> ``cuda`` when available, else ``cpu``; returns a ``torch.device``."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise AgentSpecError(f"device = {device!r} is not available here (no CUDA); use device: cpu or auto")
-    return torch.device(device)
-
-
-def resolve_dtype(dtype: str, device: Any, *, full_finetune: bool = False) -> Any:
-    """Weight (or compute) dtype of ``auto``: float32 on CPU; on CUDA bfloat16, except float32 master weights
-    when every weight is trained (``full_finetune``; the forward then runs under bf16 autocast)."""
-    if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" and not full_finetune else torch.float32
-    return getattr(torch, dtype)
-
-
-def autocast_dtype(spec: AgentSpec, device: Any) -> Any:
-    """bfloat16 for a fully fine-tuned agent on CUDA with ``dtype: auto`` (fp32 master weights), else None."""
-    if device.type == "cuda" and spec.lora is None and spec.dtype == "auto":
-        return torch.bfloat16
-    return None
-
-
-def precision(agent: Agent) -> contextlib.AbstractContextManager[Any]:
-    """The context every forward pass of ``agent`` runs in: bf16 autocast per `autocast_dtype`, else none."""
-    dtype = autocast_dtype(agent.spec, agent.device)
-    if dtype is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=agent.device.type, dtype=dtype)
-
-
 def lora_config(lora: LoraSpec) -> Any:
-    """The peft ``LoraConfig`` of a `LoraSpec` (causal LM task)."""
+    """The peft ``LoraConfig`` of a `LoraSpec` (causal LM task): its four fields, ``bias: none`` unless set,
+    and every other peft field of ``lora.extra`` (``use_rslora``, ``use_dora``, ``modules_to_save``...).
+
+    Raises:
+        AgentSpecError: peft refuses the combination (its ``__post_init__`` checks), naming the fields.
+    """
     from peft import LoraConfig
 
     targets = lora.target_modules if isinstance(lora.target_modules, str) else list(lora.target_modules)
-    return LoraConfig(
-        r=lora.r,
-        lora_alpha=lora.alpha,
-        lora_dropout=lora.dropout,
-        target_modules=targets,
-        bias="none",
-        task_type="CAUSAL_LM",
-    )
+    extra = {"bias": "none", **thaw(lora.extra)}
+    try:
+        return LoraConfig(
+            r=lora.r,
+            lora_alpha=lora.alpha,
+            lora_dropout=lora.dropout,
+            target_modules=targets,
+            task_type="CAUSAL_LM",
+            **extra,
+        )
+    except (TypeError, ValueError) as exc:
+        raise AgentSpecError(
+            f"lora = {lora.to_dict()!r} is not allowed by peft's LoraConfig: {exc}", key="lora"
+        ) from None
 
 
 def bnb_config(quantization: str, compute_dtype: Any) -> Any:

@@ -21,11 +21,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from workbench.agents.tokens import TokenBatch, pack
+from workbench.agents.forward.tokens import TokenBatch, pack
 from workbench.core.types import Rollout
 
 if TYPE_CHECKING:
-    from workbench.agents.agent import Agent
+    from workbench.agents.forward.agent import Agent
 
 CROSS_LENGTH_FACTOR = 2
 """A re-encoded response keeps at most this many times the learner's ``max_new_tokens`` tokens."""

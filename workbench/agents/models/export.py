@@ -1,6 +1,6 @@
 """Export trained agents in the Hugging Face format: ``python -m workbench export RUN_DIR``.
 
-Each agent of a run (its newest intact checkpoint, loaded by `workbench.agents.loading.load_agent`) is
+Each agent of a run (its newest intact checkpoint, loaded by `workbench.agents.models.loading.load_agent`) is
 written with ``save_pretrained``, tokenizer included, under ``<out>/<agent>/``:
 
 | folder | when | loads with |
@@ -19,8 +19,8 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from workbench.agents.agent import Agent
-from workbench.agents.loading import checkpoint_step, load_agent, run_agents
+from workbench.agents.forward.agent import Agent
+from workbench.agents.models.loading import checkpoint_step, load_agent, run_agents
 from workbench.core.io import atomic_write_json
 
 __all__ = ["export_agent", "export_run"]

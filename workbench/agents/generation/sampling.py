@@ -1,11 +1,13 @@
-"""Sampling internals of `workbench.agents.rollout.generate`: the prefill, the token draw, the sliced LM head.
+"""Sampling internals of `workbench.agents.generation.rollout.generate`: the prefill, the token draw, the
+sliced LM head.
 
 - `prefill`: runs each distinct prompt once (its n samples share it) and the prefix all prompts share (a chat
-  template's system turn) once, then expands the KV cache (`workbench.agents.kvcache`) to one row per sample.
+  template's system turn) once, then expands the KV cache (`workbench.agents.generation.kvcache`) to one row
+  per sample.
 - `pick_B`: draws one token per row by inverse CDF, one uniform per row and step (same seed, same samples).
 - `chunked_head`: computes a plain LM head in slices of `HEAD_CHUNK` columns while decoding (same logits).
 
-The decode loop that uses them stays in `workbench.agents.rollout`.
+The decode loop that uses them stays in `workbench.agents.generation.rollout`.
 """
 
 from __future__ import annotations
@@ -17,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from workbench.agents.kvcache import make_static, preallocate
+from workbench.agents.generation.kvcache import make_static, preallocate
 
 if TYPE_CHECKING:
-    from workbench.agents.agent import Agent
+    from workbench.agents.forward.agent import Agent
 
 HEAD_CHUNK = 4096
 """Vocabulary columns per matmul of the LM head while decoding (see `chunked_head`)."""
@@ -29,17 +31,28 @@ STATIC_CAPACITY_STEP = 64
 
 
 def pick_B(
-    logits_B_V: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None
+    logits_B_V: torch.Tensor,
+    temperature: float,
+    top_p: float,
+    generator: torch.Generator | None,
+    *,
+    top_k: int = 0,
+    min_p: float = 0.0,
 ) -> torch.Tensor:
-    """Samples one token per row: greedy at temperature 0, else softmax(logits / T) with nucleus top-p.
+    """Samples one token per row: greedy at temperature 0, else softmax(logits / T) with top-k, min-p and
+    nucleus top-p, in that order (transformers' order of its warpers; each 0 / 1 = off).
 
     Inverse-CDF sampling: one uniform draw per row against the cumulative probabilities (in float64, so that
     even the 1e-8 tails keep their mass). ``torch.multinomial`` drew the same distribution ~30x slower on a
-    49k vocabulary.
+    49k vocabulary. Top-k keeps the k likeliest tokens (ties with the k-th included), min-p the tokens at
+    least ``min_p`` times as likely as the likeliest; both renormalize what they keep.
     """
     if temperature == 0:
         return logits_B_V.argmax(dim=-1)
-    probs_B_V = torch.softmax(logits_B_V.float() / temperature, dim=-1)
+    scaled_B_V = logits_B_V.float() / temperature
+    if top_k > 0 or min_p > 0:
+        scaled_B_V = _top_k_min_p(scaled_B_V, top_k, min_p)
+    probs_B_V = torch.softmax(scaled_B_V, dim=-1)
     order_B_V = None
     if top_p < 1.0:
         probs_B_V, order_B_V = probs_B_V.sort(dim=-1, descending=True)
@@ -60,6 +73,18 @@ def pick_B(
         index_B[zero_B] = torch.multinomial(masked_B_V, 1, generator=generator)
     index_B = index_B.squeeze(-1)
     return index_B if order_B_V is None else order_B_V.gather(-1, index_B[:, None]).squeeze(-1)
+
+
+def _top_k_min_p(scaled_B_V: torch.Tensor, top_k: int, min_p: float) -> torch.Tensor:
+    """The tempered logits with every token top-k or min-p drops set to -inf."""
+    if 0 < top_k < scaled_B_V.shape[-1]:
+        kth_B = scaled_B_V.topk(top_k, dim=-1).values[:, -1:]
+        scaled_B_V = scaled_B_V.masked_fill(scaled_B_V < kth_B, float("-inf"))
+    if min_p > 0:
+        probs_B_V = torch.softmax(scaled_B_V, dim=-1)
+        floor_B = min_p * probs_B_V.amax(dim=-1, keepdim=True)
+        scaled_B_V = scaled_B_V.masked_fill(probs_B_V < floor_B, float("-inf"))
+    return scaled_B_V
 
 
 def left_pad(rows: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -120,7 +145,7 @@ class Prefilled:
     """Position of each row's last token."""
     length: int
     static: bool = False
-    """The cache is a `workbench.agents.kvcache.make_static` one (else growing, `preallocate`)."""
+    """The cache is a `workbench.agents.generation.kvcache.make_static` one (else growing, `preallocate`)."""
 
 
 @torch.no_grad()
@@ -135,8 +160,8 @@ def prefill(
     forward pass (``rows_R`` maps each sample to its distinct prompt).
 
     With ``static`` the capacity is rounded up to a multiple of `STATIC_CAPACITY_STEP` (fewer distinct shapes
-    to compile) and the cache becomes `workbench.agents.kvcache.make_static` buffers when every layer allows
-    it, else the growing cache (``Prefilled.static`` says which).
+    to compile) and the cache becomes `workbench.agents.generation.kvcache.make_static` buffers when every
+    layer allows it, else the growing cache (``Prefilled.static`` says which).
     """
     model, device = agent.model, agent.device
     distinct: dict[tuple[int, ...], int] = {}

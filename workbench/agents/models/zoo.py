@@ -1,8 +1,8 @@
 """A tiny agent zoo: small transformers models with their own tokenizers, warm-started on the embedded task.
 
 ``load_agent("tiny:<preset>")`` loads the preset's weights shipped in the repository (``zoo/tiny/<preset>/``,
-`workbench.agents.shipped`), so every machine starts from the same agents and the numbers on their cards.
-`build_tiny` rebuilds a preset on this machine (deterministically from its seed on one machine, but not
+`workbench.agents.models.shipped`), so every machine starts from the same agents and the numbers on their
+cards. `build_tiny` rebuilds a preset on this machine (deterministically from its seed on one machine, but not
 bit for bit across CPUs) and caches it under ``$HACPO_CACHE/tiny/``; ``python -m workbench zoo build
 tiny:<preset>`` does that and reports how far the rebuild lands from the shipped card.
 
@@ -42,10 +42,10 @@ from typing import Any
 
 import torch
 
-from workbench.agents.hf import build_agent
-from workbench.agents.sft import greedy_accuracy, solution_pairs, supervised_steps
-from workbench.agents.shipped import ship, shipped_card, shipped_dir
-from workbench.agents.tiny_tokenizers import build_tokenizer
+from workbench.agents.models.hf import build_agent
+from workbench.agents.models.sft import greedy_accuracy, solution_pairs, supervised_steps
+from workbench.agents.models.shipped import ship, shipped_card, shipped_dir
+from workbench.agents.models.tiny_tokenizers import build_tokenizer
 from workbench.config.agent_spec import DEFAULT_PROMPT_TEMPLATE, AgentSpec
 from workbench.core.env import cache_root
 from workbench.core.io import atomic_write_json
@@ -194,7 +194,7 @@ def warm_start(
 
     Each step takes ``batch_size`` fresh i.i.d. problems of the default regime (``embedded_task`` is
     prefix-stable), so the data of a shorter build is a prefix of a longer one's; the prompts are the bare
-    questions in the agent's own format, as rollouts show them (`workbench.agents.sft`).
+    questions in the agent's own format, as rollouts show them (`workbench.agents.models.sft`).
     """
     if steps == 0:
         return float("nan")
@@ -290,7 +290,7 @@ def tiny_source(preset_name: str, *, warm_steps: int | None = None) -> Path:
 
     Raises:
         KeyError: Unknown preset (the message lists them).
-        workbench.agents.shipped.ShippedError: Shipped files that do not match the manifest.
+        workbench.agents.models.shipped.ShippedError: Shipped files that do not match the manifest.
     """
     preset = tiny_preset(preset_name)
     if warm_steps is None or warm_steps == preset.warm_steps:

@@ -38,8 +38,8 @@ from typing import Any
 
 import torch
 
-from workbench.agents.logprobs import head_parts
-from workbench.agents.tokens import TokenBatch
+from workbench.agents.forward.logprobs import head_parts
+from workbench.agents.forward.tokens import TokenBatch
 
 __all__ = [
     "BUCKET_COST_SLOTS",
@@ -291,7 +291,7 @@ def packed_attention_forward(
     if packing is None:
         raise RuntimeError(
             f"{PACKED_ATTENTION} attention was called without a packed layout: run padded batches outside "
-            "workbench.agents.packing.packed_attention"
+            "workbench.agents.forward.packing.packed_attention"
         )
     kwargs.pop("is_causal", None)
     outputs = []
@@ -322,7 +322,7 @@ def _inner(model: Any) -> Any:
 def supports_packing(model: Any) -> bool:
     """Whether `pack_rows` batches give ``model`` (a peft wrapper is looked through) what padded ones do: a
     `PACKABLE` type without attention soft-capping, whose logits are its head of its backbone's states
-    (`workbench.agents.logprobs.head_parts`)."""
+    (`workbench.agents.forward.logprobs.head_parts`)."""
     config = _inner(model).config
     return (
         head_parts(model) is not None

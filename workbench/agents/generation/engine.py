@@ -2,7 +2,7 @@
 
 An engine only *samples*. It returns, per response, the text and the token ids in the agent's own tokenizer;
 it returns no log-probs the trainer would use. The author's old log-probs and the learner's log-probs are
-always recomputed by the trained model itself (`workbench.train.update.score_self`), so an engine whose
+always recomputed by the trained model itself (`workbench.train.scoring.score_self`), so an engine whose
 numerics differ from the training forward (a vLLM kernel, another dtype) cannot bias the importance ratios:
 it can only make the samples slightly off-policy, which the ratios then measure.
 
@@ -12,7 +12,8 @@ Contract of `RolloutEngine.generate` (checked for every engine by `check_rollout
   and ``index`` (0..n-1) set and ``author`` copied;
 - ``prompt_ids`` = ``agent.encode_prompt(prompt)`` (the chat template or plain template of the agent);
 - ``response_ids`` in the agent's tokenizer, ending with one of ``agent.stop_token_ids`` exactly when
-  ``finish_reason == "eos"`` (else ``"length"``), at most ``max_new_tokens`` long;
+  ``finish_reason == "eos"`` (else ``"stop"``: cut before one of the agent's stop strings, or ``"length"``),
+  at most ``max_new_tokens`` long;
 - ``text`` = the response decoded with special tokens skipped, without the terminal stop token;
 - sampling from softmax(logits / temperature) with nucleus ``top_p`` (temperature 0 = greedy), seeded by
   ``seed`` when given.
@@ -21,7 +22,8 @@ After its agent's updates of a step (and after a checkpoint is restored), before
 calls `RolloutEngine.sync`: an engine that holds its own copy of the weights (vLLM) must load the new ones
 there. `TransformersEngine` samples with the trained model object itself, so it has nothing to do.
 
-Only `TransformersEngine` ships: a vLLM engine belongs here once a GPU machine can run and verify it.
+`TransformersEngine` is the built-in engine; `workbench.agents.generation.vllm_engine.VLLMEngine` samples with
+vLLM in its own environment (``train.engine: vllm``).
 transformers' continuous-batching ``generate_batch`` (transformers 5.24) is not wrapped here: it draws with
 ``torch.multinomial`` from the global generator in an order its scheduler picks, so its samples cannot equal
 `generate`'s seeded per-row inverse-CDF draws (what the compiled decode is tested against).
@@ -32,8 +34,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from workbench.agents.agent import Agent
-from workbench.agents.rollout import generate
+from workbench.agents.forward.agent import Agent
+from workbench.agents.generation.rollout import generate
 from workbench.core.types import Rollout
 
 __all__ = ["RolloutEngine", "TransformersEngine", "check_rollouts"]
@@ -63,11 +65,13 @@ class RolloutEngine(Protocol):
 
 @dataclass
 class TransformersEngine:
-    """The built-in engine: `workbench.agents.rollout.generate` on the trained model itself (KV cache)."""
+    """The built-in engine: `workbench.agents.generation.rollout.generate` on the trained model itself (KV
+    cache)."""
 
     agent: Agent
     compile_decode: bool = False
-    """Decode under ``torch.compile`` over a static KV cache (`workbench.agents.rollout.generate`)."""
+    """Decode under ``torch.compile`` over a static KV cache
+    (`workbench.agents.generation.rollout.generate`)."""
     memory_budget: int | None = None
     """Bytes a batch may use (the trainer's memory plan, `workbench.train.plan`); None = the agent alone."""
 
@@ -123,7 +127,7 @@ def check_rollouts(
         if list(r.prompt_ids) != encoded[r.prompt_index] or r.prompt != prompts[r.prompt_index]:
             raise ValueError(f"{where}: prompt or prompt_ids are not agent.encode_prompt(prompt)")
         ends_with_stop = bool(r.response_ids) and r.response_ids[-1] in stops
-        if r.finish_reason not in ("eos", "length") or (r.finish_reason == "eos") != ends_with_stop:
+        if r.finish_reason not in ("eos", "stop", "length") or (r.finish_reason == "eos") != ends_with_stop:
             raise ValueError(
                 f"{where}: finish_reason {r.finish_reason!r} does not match the last token "
                 f"({'a' if ends_with_stop else 'no'} stop token)"

@@ -1,28 +1,34 @@
-"""The decode loops of `workbench.agents.rollout.generate`: one forward per new token after the prefill.
+"""The decode loops of `workbench.agents.generation.rollout.generate`: one forward per new token after the
+prefill.
 
-- `_decode` (default): over the growing preallocated cache (`workbench.agents.kvcache.preallocate`); rows that
-  finish leave the batch and the cache at once, so a batch costs what its live rows cost.
+- `_decode` (default): over the growing preallocated cache
+  (`workbench.agents.generation.kvcache.preallocate`); rows that finish leave the batch and the cache at once,
+  so a batch costs what its live rows cost.
 - `_decode_static` (``train.compile_decode``): the decode step under ``torch.compile`` over a static cache
-  (`workbench.agents.kvcache.make_static`), CUDA graphs on GPU; every row stays until all have finished, so
-  each step has the same shapes and replays one graph instead of launching thousands of small kernels.
+  (`workbench.agents.generation.kvcache.make_static`), CUDA graphs on GPU; every row stays until all have
+  finished, so each step has the same shapes and replays one graph instead of launching thousands of small
+  kernels.
 
-Both draw tokens with `workbench.agents.sampling.pick_B` for the live rows, in the same order: equal logits
-give equal samples.
+Both draw tokens with `workbench.agents.generation.sampling.pick_B` for the live rows, in the same order,
+through the same `_Shaper` (the agent's repetition penalty and stop strings,
+`workbench.agents.generation.shaping`): equal logits give equal samples.
 """
 
 from __future__ import annotations
 
 import logging
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from workbench.agents.sampling import Prefilled, chunked_head, pick_B, prefill
-from workbench.agents.threads import threads_for
+from workbench.agents.forward.threads import threads_for
+from workbench.agents.generation.sampling import Prefilled, chunked_head, pick_B, prefill
+from workbench.agents.generation.shaping import Shaping, StopWatch, penalize, seen_tokens
 
 if TYPE_CHECKING:
-    from workbench.agents.agent import Agent
+    from workbench.agents.forward.agent import Agent
 
 __all__ = ["sample_rows"]
 
@@ -30,6 +36,61 @@ logger = logging.getLogger(__name__)
 
 _WARNED: set[str] = set()
 """Agents already warned that their layers cannot decode over a static cache."""
+
+
+class _Shaper:
+    """The per-step part of an agent's generation options (`workbench.agents.generation.shaping`): the
+    repetition penalty's memory of each row's tokens, the stop strings' watch, each row's finish reason."""
+
+    def __init__(
+        self,
+        agent: Agent,
+        shaping: Shaping,
+        prompts: list[list[int]],
+        vocab: int,
+        on_step: Callable[[], Any] | None = None,
+    ) -> None:
+        self.shaping, self.on_step = shaping, on_step
+        self.penalty = shaping.repetition_penalty
+        self.seen_R_V = seen_tokens(prompts, vocab, agent.device) if self.penalty != 1.0 else None
+        self.watch = StopWatch(agent.tokenizer, shaping.stop_strings) if shaping.stop_strings else None
+        self.reason_R = ["length"] * len(prompts)
+
+    def pick(
+        self, logits_B_V: torch.Tensor, rows_B: torch.Tensor, temperature: float, top_p: float, generator: Any
+    ) -> torch.Tensor:
+        """The next token of rows ``rows_B`` (the penalty applied, then `pick_B`); remembered as seen."""
+        if self.seen_R_V is not None:
+            logits_B_V = penalize(logits_B_V, self.seen_R_V[rows_B], self.penalty)
+        s = self.shaping
+        token_B = pick_B(logits_B_V, temperature, top_p, generator, top_k=s.top_k, min_p=s.min_p)
+        if self.seen_R_V is not None:
+            self.seen_R_V[rows_B, token_B.clamp_max(self.seen_R_V.shape[1] - 1)] = True
+        if self.on_step is not None:
+            self.on_step()
+        return token_B
+
+    def done(
+        self,
+        token_B: torch.Tensor,
+        stop_S: torch.Tensor,
+        rows_B: torch.Tensor,
+        tokens_R_N: torch.Tensor,
+        step: int,
+    ) -> torch.Tensor:
+        """``done_B``: rows that ended at this token: a stop token (``eos``) or a stop string (``stop``)."""
+        eos_B = torch.isin(token_B, stop_S)
+        done_B = eos_B
+        if self.watch is not None:
+            done_B = eos_B | (self.watch.hits(tokens_R_N, rows_B, step) & ~eos_B)
+        for row, eos in zip(rows_B[done_B].tolist(), eos_B[done_B].tolist()):
+            self.reason_R[row] = "eos" if eos else "stop"
+        return done_B
+
+    def rows(self, tokens_R_N: torch.Tensor) -> list[tuple[list[int], str]]:
+        """``(response_ids, finish_reason)`` of every row."""
+        lengths_R = (tokens_R_N >= 0).sum(dim=-1).tolist()
+        return [(row[:n], reason) for row, n, reason in zip(tokens_R_N.tolist(), lengths_R, self.reason_R)]
 
 
 @torch.no_grad()
@@ -40,7 +101,8 @@ def _decode(
     top_p: float,
     max_new_tokens: int,
     generator: torch.Generator | None,
-) -> list[tuple[list[int], bool]]:
+    shaper: _Shaper,
+) -> list[tuple[list[int], str]]:
     """One forward per new token over the cache; finished rows leave the batch (and the cache) at once."""
     model, device = agent.model, agent.device
     cache, logits_B_V, attn_B_C, pos_B, length = (
@@ -53,14 +115,12 @@ def _decode(
     R = len(pos_B)
     stop_S = torch.tensor(agent.stop_token_ids, device=device)
     tokens_R_N = torch.full((R, max_new_tokens), -1, dtype=torch.long, device=device)  # -1: not sampled
-    finished_R = torch.zeros(R, dtype=torch.bool, device=device)
     live_B = torch.arange(R, device=device)  # original row of each live batch row
     for step in range(max_new_tokens):
-        token_B = pick_B(logits_B_V, temperature, top_p, generator)
+        token_B = shaper.pick(logits_B_V, live_B, temperature, top_p, generator)
         tokens_R_N[live_B, step] = token_B
-        done_B = torch.isin(token_B, stop_S)
+        done_B = shaper.done(token_B, stop_S, live_B, tokens_R_N, step)
         if done_B.any():
-            finished_R[live_B[done_B]] = True
             keep_B = (~done_B).nonzero().squeeze(-1)
             if keep_B.numel() == 0:
                 break
@@ -85,8 +145,7 @@ def _decode(
             use_cache=True,
         )
         cache, logits_B_V = out.cache, out.logits[:, -1]
-    lengths_R = (tokens_R_N >= 0).sum(dim=-1).tolist()
-    return [(row[:n], done) for row, n, done in zip(tokens_R_N.tolist(), lengths_R, finished_R.tolist())]
+    return shaper.rows(tokens_R_N)
 
 
 _COMPILED: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
@@ -115,7 +174,8 @@ def _decode_static(
     top_p: float,
     max_new_tokens: int,
     generator: torch.Generator | None,
-) -> list[tuple[list[int], bool]]:
+    shaper: _Shaper,
+) -> list[tuple[list[int], str]]:
     """The decode loop over a static cache: every row stays in the batch (finished rows are fed padding and
     their outputs ignored) so each step has the same shapes; tokens are drawn for the live rows only, in the
     order `_decode` draws them, so the same logits give the same samples."""
@@ -128,18 +188,17 @@ def _decode_static(
     token_R = torch.full((R,), agent.pad_token_id, dtype=torch.long, device=device)
     for step in range(max_new_tokens):
         live_B = (~finished_R).nonzero().squeeze(-1)
-        token_B = pick_B(logits_R_V[live_B], temperature, top_p, generator)
+        token_B = shaper.pick(logits_R_V[live_B], live_B, temperature, top_p, generator)
         tokens_R_N[live_B, step] = token_B
         token_R = token_R.fill_(agent.pad_token_id).index_copy_(0, live_B, token_B)
-        finished_R[live_B[torch.isin(token_B, stop_S)]] = True
+        finished_R[live_B[shaper.done(token_B, stop_S, live_B, tokens_R_N, step)]] = True
         if bool(finished_R.all()) or step == max_new_tokens - 1:
             break
         attn_R_C[:, length] = 1
         length += 1
         pos_R = pos_R + 1
         logits_R_V = step_fn(token_R[:, None], attn_R_C, pos_R[:, None], state.cache).clone()
-    lengths_R = (tokens_R_N >= 0).sum(dim=-1).tolist()
-    return [(row[:n], done) for row, n, done in zip(tokens_R_N.tolist(), lengths_R, finished_R.tolist())]
+    return shaper.rows(tokens_R_N)
 
 
 def sample_rows(
@@ -150,17 +209,24 @@ def sample_rows(
     max_new_tokens: int,
     generator: torch.Generator | None,
     compile_decode: bool = False,
-) -> list[tuple[list[int], bool]]:
+    shaping: Shaping | None = None,
+    on_step: Callable[[], Any] | None = None,
+) -> list[tuple[list[int], str]]:
     """Samples one response per prompt row: the prefill, then `_decode` (or `_decode_static` with
-    ``compile_decode``); returns ``(response_ids, finished_with_eos)`` per row."""
+    ``compile_decode``), with the agent's generation options (``shaping``; None = the agent's spec's);
+    returns ``(response_ids, finish_reason)`` per row: ``eos`` (ends with a stop token), ``stop`` (its last
+    token completed a stop string) or ``length``. ``on_step`` is called after each decode step (a progress
+    bar's update)."""
+    shaping = shaping or Shaping.of(agent.spec)
     with threads_for(agent, len(prompts)):  # a decode step forwards one token per row
         state = prefill(agent, prompts, max_new_tokens, static=compile_decode)
+        shaper = _Shaper(agent, shaping, prompts, state.logits_R_V.shape[-1], on_step)
         if state.static:
-            return _decode_static(agent, state, temperature, top_p, max_new_tokens, generator)
+            return _decode_static(agent, state, temperature, top_p, max_new_tokens, generator, shaper)
         if compile_decode:
             _warn_not_static(agent)
         with chunked_head(agent.model):
-            return _decode(agent, state, temperature, top_p, max_new_tokens, generator)
+            return _decode(agent, state, temperature, top_p, max_new_tokens, generator, shaper)
 
 
 def _warn_not_static(agent: Agent) -> None:

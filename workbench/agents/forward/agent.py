@@ -1,7 +1,8 @@
 """The `Agent` record: a causal LM + tokenizer + prompt format + sampling settings.
 
-Built by `workbench.agents.loading.load_agent` (the only place that calls ``from_pretrained``). Prompt format:
-with a chat template (when the tokenizer has one and ``spec.chat_template`` is not False) the prompt is the
+Built by `workbench.agents.models.loading.load_agent` (the only place that calls ``from_pretrained``). Prompt
+format: with a chat template (when the tokenizer has one and ``spec.chat_template`` is not False) the prompt
+    is the
 template applied to an optional system turn (``spec.system``) and one user message plus the generation prompt,
 with ``spec.chat_template_kwargs``; otherwise it is ``spec.prompt_template``
 (default ``"Q: {content}\\nA: "``). Tiny agents have no chat template.
@@ -12,6 +13,7 @@ an on-policy self sample has a sequence ratio of exactly 1 (gradients flow in ev
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -19,6 +21,7 @@ from typing import Any
 
 import torch
 
+from workbench.agents.plan.precision import autocast_dtype
 from workbench.config.agent_spec import AgentSpec
 
 
@@ -74,7 +77,8 @@ class Agent:
     max_new_tokens: int
     source: str = ""
     reference_loader: Callable[[], Any] | None = field(default=None, repr=False)
-    """Loads the frozen initial model (full fine-tuning; set by `workbench.agents.loading.load_agent`)."""
+    """Loads the frozen initial model (full fine-tuning; set by
+    `workbench.agents.models.loading.load_agent`)."""
     _reference: Any = field(default=None, repr=False)
 
     @property
@@ -156,3 +160,11 @@ class Agent:
                 raise RuntimeError(f"agent {self.name!r} was built without a reference loader")
             self._reference = self.reference_loader().requires_grad_(False)
         return self._reference
+
+
+def precision(agent: Agent) -> contextlib.AbstractContextManager[Any]:
+    """The context every forward pass of ``agent`` runs in: bf16 autocast per `autocast_dtype`, else none."""
+    dtype = autocast_dtype(agent.spec, agent.device)
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=agent.device.type, dtype=dtype)

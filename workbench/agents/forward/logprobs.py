@@ -24,10 +24,10 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["LOGITS_CHUNK_BYTES", "chunk_tokens", "head_parts", "logits_logprobs", "selective_logprobs"]
+from workbench.agents.plan.memory import LOGITS_CHUNK_BYTES
 
-LOGITS_CHUNK_BYTES = 64 << 20
-"""fp32 logits per chunk (64 MiB: 110 tokens of Qwen3's 152k vocabulary, 341 of SmolLM2's 49k)."""
+__all__ = ["chunk_tokens", "head_parts", "logits_logprobs", "selective_logprobs"]
+
 
 PLAIN_HEADS = frozenset(
     {

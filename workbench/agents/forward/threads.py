@@ -24,9 +24,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from workbench.agents.agent import Agent
+    from workbench.agents.forward.agent import Agent
+    from workbench.agents.forward.tokens import TokenBatch
 
-__all__ = ["SERIAL_WORK", "serial_work", "threads_for"]
+__all__ = ["SERIAL_WORK", "serial_work", "threads_for", "threads_for_pass"]
 
 SERIAL_WORK = 600_000_000
 """Below this much work (tokens per forward pass × parameters) a block runs on one CPU thread: the crossover
@@ -57,3 +58,8 @@ def threads_for(agent: Agent, tokens: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(previous)
+
+
+def threads_for_pass(agent: Agent, view: TokenBatch) -> contextlib.AbstractContextManager[None]:
+    """`threads_for` a forward pass over ``view``, its response tokens the measure of its work."""
+    return threads_for(agent, int(view.response_mask_B_T.sum()))

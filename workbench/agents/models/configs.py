@@ -1,15 +1,15 @@
 """An agent's model config and its longest prompt, without loading its weights (``python -m workbench plan``).
 
 `model_config` reads a tiny preset's or a directory's ``config.json``, a hub id's from the hub or the local
-cache, else the shape in `workbench.agents.shapes.REFERENCE_CONFIGS`; `prompt_tokens` measures prompts with
-the agent's own tokenizer and prompt format when the tokenizer is here.
+cache, else the shape in `workbench.agents.plan.shapes.REFERENCE_CONFIGS`; `prompt_tokens` measures prompts
+with the agent's own tokenizer and prompt format when the tokenizer is here.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from workbench.agents.shapes import REFERENCE_CONFIGS
+from workbench.agents.plan.shapes import REFERENCE_CONFIGS
 from workbench.config.agent_spec import AgentSpec
 
 __all__ = ["model_config", "prompt_tokens"]
@@ -27,7 +27,7 @@ def model_config(spec: AgentSpec) -> tuple[dict[str, Any], str]:
     """
     from transformers import AutoConfig
 
-    from workbench.agents.loading import resolve_model_source
+    from workbench.agents.models.loading import resolve_model_source
 
     if spec.model in REFERENCE_CONFIGS and not spec.model.count("/"):
         return dict(REFERENCE_CONFIGS[spec.model]), "reference shape"
@@ -58,8 +58,8 @@ def prompt_tokens(spec: AgentSpec, prompts: list[str]) -> tuple[int, str]:
     import torch
     from transformers import AutoTokenizer
 
-    from workbench.agents.agent import Agent
-    from workbench.agents.loading import resolve_model_source
+    from workbench.agents.forward.agent import Agent
+    from workbench.agents.models.loading import resolve_model_source
 
     try:
         source = resolve_model_source(spec.tokenizer or spec.model)

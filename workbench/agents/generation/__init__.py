@@ -1,0 +1,1 @@
+"""Sampling: the prefill, the decode loops, KV caches and the rollout-engine interface."""

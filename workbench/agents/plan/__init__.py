@@ -1,0 +1,1 @@
+"""Sizes and dtypes without loading weights: model shapes, the memory model, the precision policy."""
