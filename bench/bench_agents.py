@@ -2,9 +2,9 @@
 
 For a tiny agent (``tiny:llama-bpe``: Llama layers, which 4-bit quantizes) and the embedded SmolLM2-135M:
 
-1. Rollouts of `workbench.agents.rollout.generate` at batch 64 (temperature 1), in two shapes: 64 distinct
-   prompts x 1 sample, and the trainer's 8 prompts x G 8. Prefill (`rollout.prefill`) and decode
-   (`rollout._decode`) are timed apart. Generated tokens per second are set against the fp32 matmul peak of
+1. Rollouts of `workbench.agents.generation.rollout.generate` at batch 64 (temperature 1), in two shapes: 64
+   distinct prompts x 1 sample, and the trainer's 8 prompts x G 8. Prefill (`decode.prefill`) and decode
+   (`decode._decode`) are timed apart. Generated tokens per second are set against the fp32 matmul peak of
    the decode shape (64x576 · 576x1536, SmolLM2's MLP at batch 64), measured in the same process between the
    repetitions: ``util`` = generated tokens x FLOPs per token / time / peak, FLOPs per token = 2 x (non-
    embedding parameters + LM head), so prefill time counts against it and prefill FLOPs do not. Plain
@@ -94,8 +94,8 @@ def _hf_generate(agent, prompts: list[str], n: int, new_tokens: int) -> int:
 
 def worker_rollout(which: str, repeats: int) -> dict:
     """Per batch shape: medians of prefill/decode time, tokens/s, and the decode-shape peak between them."""
-    from workbench.agents import rollout
-    from workbench.agents.loading import load_agent
+    from workbench.agents.generation import decode, rollout
+    from workbench.agents.models.loading import load_agent
 
     agent = load_agent(MODELS[which])
     cap = NEW_TOKENS[which]
@@ -110,8 +110,8 @@ def worker_rollout(which: str, repeats: int) -> dict:
 
         return wrapper
 
-    rollout.prefill = timed("prefill", rollout.prefill)  # the name `_sample_chunk` calls
-    rollout._decode = timed("decode", rollout._decode)
+    decode.prefill = timed("prefill", decode.prefill)  # the names `sample_rows` calls
+    decode._decode = timed("decode", decode._decode)
     out: dict = {"flops_per_token": _flops_per_token(agent.model), "peaks": [], "shapes": {}}
     rollout.generate(agent, _prompts(which, 8), n=2, max_new_tokens=4, seed=0)  # warm-up
     for shape, (n_prompts, n) in SHAPES.items():
@@ -165,10 +165,11 @@ def _reset_peak() -> None:
 def worker_score(which: str, mode: str, repeats: int) -> dict:
     """Median tokens/s of sequence_logprobs forward+backward, and the peak RSS of each phase."""
     _reset_peak()
-    from workbench.agents.loading import load_agent
-    from workbench.agents.rollout import generate, sequence_logprobs
-    from workbench.agents.sharing import build_training_batch
-    from workbench.train.update import UpdateSettings, score_own
+    from workbench.agents.forward.passes import sequence_logprobs
+    from workbench.agents.forward.sharing import build_training_batch
+    from workbench.agents.generation.rollout import generate
+    from workbench.agents.models.loading import load_agent
+    from workbench.train.scoring import UpdateSettings, score_own
 
     agent = load_agent({"model": MODELS[which], **MODES[mode]})
     peaks = {"load": _rss_mb()[1]}

@@ -18,8 +18,8 @@ import time
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from workbench.agents.loading import load_agent
-from workbench.agents.rollout import generate
+from workbench.agents.generation.rollout import generate
+from workbench.agents.models.loading import load_agent
 
 
 def _run(agent, prompts: list[str], n: int, tokens: int, compiled: bool) -> tuple[float, list[list[int]]]:

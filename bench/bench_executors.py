@@ -22,7 +22,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from workbench.config.loading import load_experiment
 from workbench.train.rundir import RunWriter, create_run_dir
-from workbench.train.trainer import Trainer
+from workbench.train.trainer import start_trainer
 
 PHASES = ("step", "rollout", "update")
 EXECUTORS = ("local", "threads", "ray")
@@ -36,7 +36,7 @@ def _time_steps(
     run_dir = create_run_dir(root, cfg.experiment)
     RunWriter(run_dir).write_config(cfg.to_dict())
     t0 = time.perf_counter()
-    trainer = Trainer(cfg, run_dir, executor=executor)
+    trainer = start_trainer(cfg, run_dir, executor=executor)
     times: dict[str, list[float]] = {"start": [time.perf_counter() - t0]} | {p: [] for p in PHASES}
     trainer.train_step()  # warm-up (first-call allocations, lazy imports)
     for _ in range(steps):

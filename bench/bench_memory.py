@@ -5,7 +5,7 @@ Each case trains a few steps in a fresh subprocess (``--child``) that reports it
 the prediction is `workbench.train.plan.plan_experiment` of the same config on ``cpu`` with this machine's
 RAM, from the model configs alone. ``baseline`` is a process that imported the training stack and ran one
 step of a one-layer model: the runtime constant the plan adds on CPU
-(`workbench.agents.memory.CPU_RUNTIME_BYTES`).
+(`workbench.agents.plan.memory.CPU_RUNTIME_BYTES`).
 
     .venv/bin/python bench/bench_memory.py [--cases quickstart smollm2-lora smollm2-4bit] [--steps 2]
 """

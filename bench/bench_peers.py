@@ -41,9 +41,9 @@ DIFFERENCES = """\
 What still differs (same weights, prompts, batch, lengths, sampling, optimizer steps, lr, clip, KL off):
 - TRL computes per-token entropies in every loss forward (logged); the workbench does not.
 - TRL's generation is transformers' ``model.generate`` (dynamic cache, multinomial sampling, every prompt
-  prefilled G times); the workbench's is `workbench.agents.rollout.generate` (one prefill per distinct
-  prompt, preallocated cache, inverse-CDF sampling). Different random draws: the responses, and so their
-  lengths and the update's token counts, differ between the two sides.
+  prefilled G times); the workbench's is `workbench.agents.generation.rollout.generate` (one prefill per
+  distinct prompt, preallocated cache, inverse-CDF sampling). Different random draws: the responses, and so
+  their lengths and the update's token counts, differ between the two sides.
 - Reward: TRL's side checks the last integer of the completion in Python; the workbench grades with
   `workbench.tasks.rewards.grade_batch` (exact fast path for integers). Both are < 1% of a round.
 - TRL's loop adds accelerate / Trainer bookkeeping (dataloader, callbacks, logging every step); the loss
@@ -76,18 +76,18 @@ def _config(model: str, root: str):
 
 def worker_ours(model: str, rounds: int, spec_path: str) -> dict:
     """Trains ``rounds`` GSPO steps; writes TRL's spec (same prompts, weights, settings) to ``spec_path``."""
-    from workbench.agents.loading import load_agent
+    from workbench.agents.models.loading import load_agent
     from workbench.tasks.prompts import build_prompt
     from workbench.train.rundir import RunWriter, create_run_dir
-    from workbench.train.trainer import Trainer
+    from workbench.train.trainer import start_trainer
 
     with tempfile.TemporaryDirectory() as root:
         cfg = _config(model, root)
         agent = load_agent(cfg.agents[0])
         run_dir = create_run_dir(root, cfg.experiment)
         RunWriter(run_dir).write_config(cfg.to_dict())
-        trainer = Trainer(cfg, run_dir)
-        items = [item for step in range(1, rounds + 1) for item in trainer._prompt_batch(step)]
+        trainer = start_trainer(cfg, run_dir)
+        items = [item for step in range(1, rounds + 1) for item in trainer.data.prompt_batch(step)]
         t, h = cfg.train, cfg.hacpo
         spec = {
             "model_dir": agent.source,

@@ -10,7 +10,7 @@ one run). All start from the same agents, seed and prompts.
 Prints, per config, the medians over every timed step of the whole step and its phases as the trainer reports
 them (``time/*`` of `workbench.train.trainer.Trainer.train_step`):
 
-- generate: sampling every agent's rollouts (`workbench.agents.rollout.generate`);
+- generate: sampling every agent's rollouts (`workbench.agents.generation.rollout.generate`);
 - score: the no-grad log-prob passes before the update (old policy, KL reference), where the trainer times
   them apart; else they are inside generate/update. Where the agents run at once (``executor: threads``) the
   trainer's per-agent sums exceed the rollout's wall time: generate and score are then its shares of it;
@@ -94,7 +94,7 @@ def worker(config: str, algorithm: str, steps: int) -> dict:
     import workbench
     from workbench.config.loading import load_experiment
     from workbench.train.rundir import RunWriter, create_run_dir
-    from workbench.train.trainer import Trainer
+    from workbench.train.trainer import start_trainer
 
     path, overrides = _configs()[config]
     checkout = Path(workbench.__file__).resolve().parents[1]  # each checkout's own recipe (--code)
@@ -102,7 +102,7 @@ def worker(config: str, algorithm: str, steps: int) -> dict:
         cfg = load_experiment(checkout / path, {**overrides, "algorithm": algorithm, "output.root": root})
         run_dir = create_run_dir(root, cfg.experiment)
         RunWriter(run_dir).write_config(cfg.to_dict())
-        trainer = Trainer(cfg, run_dir)
+        trainer = start_trainer(cfg, run_dir)
         names = [spec.display_name for spec in cfg.agents]
         times: dict[str, list[float]] = {phase: [] for phase in PHASES} | {"tokens": [], "trained": []}
         before = {"tokens": 0.0, "trained": 0.0}

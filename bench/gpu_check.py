@@ -11,11 +11,11 @@ were measured at 512 new tokens, the compiled decode was not reached yet.
 2. The ``gpu``-marked tests (not with ``--device cpu``): the CUDA variants of ``tests/test_gpu.py`` (HACPO
    steps with 4-bit QLoRA and with full fine-tuning, agents on CUDA and CPU together, Ray placing two agents
    on one GPU), ``test_agents.py`` and ``test_precision.py``.
-3. A 1.7B-shaped agent: a Qwen3-1.7B config (`workbench.agents.shapes.REFERENCE_CONFIGS`) with random bf16
-   weights built on the machine and a byte-level tokenizer padded to its 151,936 ids (nothing downloaded),
-   with the recipe's 4-bit QLoRA (r 32 on every projection, gradient checkpointing), paired with a 2-layer
-   random Qwen3 of 8,192 ids and a 4,096-token context (the zoo's tiny agents hold 256 tokens, less than
-   the 1,024 new ones); 2 HACPO steps (``--steps``) of 16 prompts x G 8 at 1,024 new tokens
+3. A 1.7B-shaped agent: a Qwen3-1.7B config (`workbench.agents.plan.shapes.REFERENCE_CONFIGS`) with random
+   bf16 weights built on the machine and a byte-level tokenizer padded to its 151,936 ids (nothing
+   downloaded), with the recipe's 4-bit QLoRA (r 32 on every projection, gradient checkpointing), paired with
+   a 2-layer random Qwen3 of 8,192 ids and a 4,096-token context (the zoo's tiny agents hold 256 tokens, less
+   than the 1,024 new ones); 2 HACPO steps (``--steps``) of 16 prompts x G 8 at 1,024 new tokens
    (``--max-new-tokens``; random weights never stop early, so every row runs to the cap) under a
    length-parity reward (half the responses earn it, so the update runs; a math reward is always 0 for
    random weights). Per step: generated tokens/s, phase times,
@@ -122,7 +122,7 @@ def build_standin(config: dict, out_dir: Path, device: str) -> Path:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
 
-    from workbench.agents.tiny_tokenizers import bpe_tokenizer
+    from workbench.agents.models.tiny_tokenizers import bpe_tokenizer
     from workbench.config.agent_spec import DEFAULT_PROMPT_TEMPLATE
 
     trained = json.loads(bpe_tokenizer(400, DEFAULT_PROMPT_TEMPLATE).to_str())["model"]
@@ -177,10 +177,10 @@ def standin_run(
     time limit keeps the steps it finished; the compile comes last). ``overrides`` replace train keys."""
     import torch
 
-    from workbench.agents.shapes import REFERENCE_CONFIGS
+    from workbench.agents.plan.shapes import REFERENCE_CONFIGS
     from workbench.config.experiment import from_dict
     from workbench.train.rundir import RunWriter, create_run_dir
-    from workbench.train.trainer import Trainer
+    from workbench.train.trainer import start_trainer
 
     s, on_gpu = SIZES[size], device.startswith("cuda")
     config = TINY_QWEN3 if size == "tiny" else REFERENCE_CONFIGS["Qwen/Qwen3-1.7B-Base"]
@@ -210,7 +210,7 @@ def standin_run(
     run_dir = create_run_dir(cfg.output.root, cfg.experiment)
     RunWriter(run_dir).write_config(cfg.to_dict())
     t0 = time.perf_counter()
-    trainer = Trainer(cfg, run_dir)
+    trainer = start_trainer(cfg, run_dir)
     load_s = time.perf_counter() - t0
     peaks = PhasePeaks(trainer, on_gpu)
     plan, rows, before = trainer.memory_plan, [], dict.fromkeys(trainer.names, 0.0)
@@ -250,7 +250,7 @@ def standin_run(
 
 def decode_speed(agent, rows: int, tokens: int) -> dict:
     """Greedy decode of ``rows`` x ``tokens``, eager then compiled (first call compiles); tokens/s of each."""
-    from workbench.agents.rollout import generate
+    from workbench.agents.generation.rollout import generate
 
     prompts = [f"{i} + {i + 1} =" for i in range(rows)]
     result = {}

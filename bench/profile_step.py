@@ -85,7 +85,7 @@ def main() -> None:
 
     from workbench.config.loading import load_experiment
     from workbench.train.rundir import RunWriter, create_run_dir
-    from workbench.train.trainer import Trainer
+    from workbench.train.trainer import start_trainer
 
     overrides = {"task.eval_size": 0, "train.eval_every": 0, "algorithm": args.algorithm}
     if args.executor:
@@ -94,7 +94,7 @@ def main() -> None:
         cfg = load_experiment(ROOT / args.config, {**overrides, "output.root": root})
         run_dir = create_run_dir(root, cfg.experiment)
         RunWriter(run_dir).write_config(cfg.to_dict())
-        trainer = Trainer(cfg, run_dir)
+        trainer = start_trainer(cfg, run_dir)
         trainer.train_step()  # warm-up: first-call allocations, lazy imports
         functions = cProfile.Profile()
         with profile(activities=[ProfilerActivity.CPU], experimental_config=_all_threads()) as operators:

@@ -37,7 +37,7 @@ def hacpo_cache(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="session")
 def char_agent_dir(hacpo_cache):
     """Model directory of ``tiny:gpt2-char`` (GPT-2, character-level), briefly warm-started."""
-    from workbench.agents.zoo import build_tiny
+    from workbench.agents.models.zoo import build_tiny
     from workbench.core import env
 
     return build_tiny("gpt2-char", warm_steps=env.tiny_warm_steps())
@@ -46,7 +46,7 @@ def char_agent_dir(hacpo_cache):
 @pytest.fixture(scope="session")
 def bpe_agent_dir(hacpo_cache):
     """Model directory of ``tiny:llama-bpe`` (Llama, byte-level BPE), briefly warm-started."""
-    from workbench.agents.zoo import build_tiny
+    from workbench.agents.models.zoo import build_tiny
     from workbench.core import env
 
     return build_tiny("llama-bpe", warm_steps=env.tiny_warm_steps())
@@ -55,7 +55,7 @@ def bpe_agent_dir(hacpo_cache):
 @pytest.fixture(scope="session")
 def char_agent(char_agent_dir):
     """A loaded GPT-2 char agent shared by read-only tests (load your own copy to train it)."""
-    from workbench.agents.loading import load_agent
+    from workbench.agents.models.loading import load_agent
 
     return load_agent(str(char_agent_dir), name="char")
 
@@ -63,7 +63,7 @@ def char_agent(char_agent_dir):
 @pytest.fixture(scope="session")
 def bpe_agent(bpe_agent_dir):
     """A loaded Llama BPE agent shared by read-only tests (load your own copy to train it)."""
-    from workbench.agents.loading import load_agent
+    from workbench.agents.models.loading import load_agent
 
     return load_agent(str(bpe_agent_dir), name="bpe")
 
@@ -71,7 +71,7 @@ def bpe_agent(bpe_agent_dir):
 @pytest.fixture(scope="session")
 def smollm2_dir(hacpo_cache):
     """The embedded SmolLM2 converted into the session cache (≈25-40 s, once per session)."""
-    from workbench.agents.embedded import ensure_embedded
+    from workbench.agents.models.embedded import ensure_embedded
 
     return ensure_embedded("smollm2-135m-instruct")
 
@@ -79,7 +79,7 @@ def smollm2_dir(hacpo_cache):
 @pytest.fixture(scope="session")
 def gemma3_dir(hacpo_cache):
     """The embedded Gemma-3-270M converted into the session cache (≈45 s-2 min, once per session)."""
-    from workbench.agents.embedded import ensure_embedded
+    from workbench.agents.models.embedded import ensure_embedded
 
     return ensure_embedded("gemma3-270m")
 
@@ -94,3 +94,16 @@ def two_threads():
     torch.set_num_threads(2)
     yield
     torch.set_num_threads(previous)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``gpu`` skip, with their reason, where torch sees no CUDA device: also when they are
+    selected with ``-m gpu``."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False here)")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(skip)

@@ -7,21 +7,17 @@ import math
 import pytest
 import torch
 
-from workbench.agents.agent import AgentLoadError, state_digest
-from workbench.agents.hf import bnb_config, lora_config
-from workbench.agents.kvcache import preallocate
-from workbench.agents.loading import load_agent
-from workbench.agents.rollout import (
-    generate,
-    reference_token_logprobs,
-    sequence_logprobs,
-    token_logprobs,
-)
-from workbench.agents.sampling import pick_B, shared_prefix
-from workbench.agents.sharing import build_training_batch
-from workbench.agents.tokens import self_token_batch
+from workbench.agents.forward.agent import AgentLoadError, state_digest
+from workbench.agents.forward.passes import reference_token_logprobs, sequence_logprobs, token_logprobs
+from workbench.agents.forward.sharing import build_training_batch
+from workbench.agents.forward.tokens import self_token_batch
+from workbench.agents.generation.kvcache import preallocate
+from workbench.agents.generation.rollout import generate
+from workbench.agents.generation.sampling import pick_B, shared_prefix
+from workbench.agents.models.hf import bnb_config, lora_config
+from workbench.agents.models.loading import load_agent
 from workbench.config.agent_spec import AgentSpec, AgentSpecError, LoraSpec
-from workbench.train.update import UpdateSettings, score_own
+from workbench.train.scoring import UpdateSettings, score_own
 
 PROMPTS = ["3+4*2", "7-1", "2*3*4-5"]
 
@@ -30,8 +26,11 @@ PROMPTS = ["3+4*2", "7-1", "2*3*4-5"]
 
 
 def test_spec_from_dict_rejects_unknown_key_naming_valid_keys():
-    with pytest.raises(AgentSpecError, match=r"unknown key agent.lr; valid keys of 'agent'.*'quantization'"):
-        AgentSpec.from_dict({"model": "tiny:gpt2-char", "lr": 1e-4})
+    with pytest.raises(
+        AgentSpecError,
+        match=r"unknown key agent.learning_rate; valid keys of 'agent'.*'quantization'.*did you mean",
+    ):
+        AgentSpec.from_dict({"model": "tiny:gpt2-char", "learning_rate": 1e-4})
     with pytest.raises(AgentSpecError, match=r"unknown key lora.rank; valid keys of 'lora'"):
         AgentSpec.from_dict({"model": "x", "lora": {"rank": 8}})
 
@@ -201,7 +200,7 @@ def test_shared_prefill_gives_the_greedy_tokens_of_a_plain_loop(which, prompts, 
 
 def test_chunked_lm_head_gives_the_same_greedy_tokens_and_is_restored(bpe_agent, monkeypatch):
     """The decode-time LM head in slices of columns (a 400-token vocabulary in slices of 64 here)."""
-    import workbench.agents.sampling as sampling_module
+    import workbench.agents.generation.sampling as sampling_module
 
     monkeypatch.setattr(sampling_module, "HEAD_CHUNK", 64)
     head = bpe_agent.model.get_output_embeddings()

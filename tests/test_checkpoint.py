@@ -245,3 +245,45 @@ def test_kill_minus_9_mid_save_leaves_a_loadable_checkpoint(tmp_path, caplog):
     assert torch.equal(state["a"], torch.full((20_000,), float(step)))
     assert torch.equal(state["c"], torch.full((5,), float(step)))
     assert not [p for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith(".tmp")]
+
+
+class _Payload:
+    """Pickles as a call to ``Path.touch``: what a crafted checkpoint would run on an unsafe load."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def test_a_crafted_checkpoint_carrying_a_callable_is_refused_without_running_it(tmp_path):
+    """The manifest vouches for bytes, not for their author: a checkpoint whose file pickles a call (with a
+    manifest that matches it) is refused by name, and the call never runs."""
+    from workbench.train.checkpoint import UnsafeCheckpointError
+
+    save_checkpoint(
+        tmp_path, 3, _state(3)
+    )  # an honest, older checkpoint: not used in the crafted one's place
+    marker = tmp_path / "pwned"
+    crafted = save_checkpoint(tmp_path, 5, {"trainer": {"step": 5, "payload": _Payload(marker)}})
+    assert verify_checkpoint(crafted) is None  # its bytes match its manifest
+    with pytest.raises(UnsafeCheckpointError, match=r"trainer\.pt was refused: it asks to call or build"):
+        load_latest_checkpoint(tmp_path)
+    assert not marker.exists()
+
+
+def test_a_checkpoint_holding_numpy_rng_state_as_an_array_still_resumes(tmp_path):
+    """Checkpoints written before the numpy state was saved as plain values hold numpy's own array: the safe
+    loader accepts exactly that, and the draws after a restore are the same."""
+    np.random.seed(5)
+    old = {"python": random.getstate(), "torch": torch.get_rng_state(), "numpy": np.random.get_state()}
+    expected = np.random.rand(3)
+    save_checkpoint(tmp_path, 1, {"rng": old, "optimizer": _state(1)["optimizer"]})
+    _, loaded = load_latest_checkpoint(tmp_path)
+    assert isinstance(loaded["rng"]["numpy"][1], np.ndarray)
+    np.random.seed(6)
+    restore_rng_state(loaded["rng"])
+    np.testing.assert_array_equal(np.random.rand(3), expected)
+    new = capture_rng_state()["numpy"]
+    assert isinstance(new[1], list) and all(isinstance(k, int) for k in new[1])  # plain values now

@@ -12,7 +12,7 @@ import yaml
 from fake_runs import write_run
 
 from workbench.__main__ import _seeds, main
-from workbench.agents.loading import load_agent
+from workbench.agents.models.loading import load_agent
 from workbench.jobs.runner import smoke_overrides
 
 Q = "experiments/quickstart.yaml"

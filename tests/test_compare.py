@@ -56,8 +56,19 @@ def test_seeds_default_to_the_config(trained, tmp_path):
     }
     with pytest.raises(ConfigError, match=r"seeds = \[1, 1\] is not allowed"):
         compare.run_comparison(QUICKSTART, ["gspo"], seeds=[1, 1])
-    with pytest.raises(ConfigError, match="unknown algorithm 'ppo'"):
+    with pytest.raises(ConfigError, match="unknown method 'ppo'"):
         compare.run_comparison(QUICKSTART, ["ppo"])
+
+
+def test_a_comparison_of_ablations_sets_each_ones_label_and_switches(trained):
+    runs = compare.run_comparison(QUICKSTART, ["hacpo", "hacpo-adv", "naive-sym"], seeds=[0])
+    assert list(runs) == ["hacpo", "hacpo-adv", "naive-sym"]
+    by_method = {c.method: c for c in trained}
+    assert (
+        by_method["hacpo-adv"].algorithm == "hacpo" and not by_method["hacpo-adv"].hacpo.capability_baseline
+    )
+    assert by_method["naive-sym"].algorithm == "naive" and by_method["naive-sym"].hacpo.naive_symmetric
+    assert by_method["hacpo"].label == "" and by_method["hacpo"].hacpo.capability_baseline
 
 
 def test_run_experiments_and_run_seeds(trained):

@@ -275,7 +275,7 @@ def test_seeds_from_yaml_and_override(tmp_path):
 
 def test_agent_spec_system_turn_and_chat_template_kwargs(smollm2_dir):
     """A system turn replaces the template's default one; chat_template_kwargs reach apply_chat_template."""
-    from workbench.agents.loading import load_agent
+    from workbench.agents.models.loading import load_agent
     from workbench.config.agent_spec import AgentSpec, AgentSpecError
 
     spec = AgentSpec.from_dict(

@@ -7,10 +7,10 @@ import weakref
 import pytest
 import torch
 
-from workbench.agents import decode
-from workbench.agents.kvcache import make_static
-from workbench.agents.loading import load_agent
-from workbench.agents.rollout import generate
+from workbench.agents.generation import decode
+from workbench.agents.generation.kvcache import make_static
+from workbench.agents.generation.rollout import generate
+from workbench.agents.models.loading import load_agent
 
 PROMPTS = ["1+2=", "3+4-5=", "7-2+1=", "9+9-8+1="]
 

@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from workbench.agents import embedded
-from workbench.agents.embedded import EMBEDDED_MODELS, EmbeddedModelError, ensure_embedded, is_cached
-from workbench.agents.loading import load_agent
-from workbench.agents.rollout import generate
-from workbench.train.update import UpdateSettings, score_own
+from workbench.agents.generation.rollout import generate
+from workbench.agents.models import embedded
+from workbench.agents.models.embedded import EMBEDDED_MODELS, EmbeddedModelError, ensure_embedded, is_cached
+from workbench.agents.models.loading import load_agent
+from workbench.train.scoring import UpdateSettings, score_own
 
 
 def test_registry_names_the_heterogeneous_pair():

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from workbench.config.experiment import ConfigError, from_dict
-from workbench.train.evaluate import held_out_sets, source_key
+from workbench.train.data import held_out_sets, source_key
 from workbench.train.run import train
 
 DATA = Path(__file__).resolve().parent / "data"

@@ -16,10 +16,10 @@ from hypothesis import strategies as st
 
 from workbench.core.types import TaskItem
 from workbench.tasks.arithmetic import embedded_task
-from workbench.tasks.metrics import avg_at_k, best_at_k, pass_at_k, pass_ks, summarize
+from workbench.tasks.metrics import accuracy_by_difficulty, avg_at_k, best_at_k, pass_at_k, pass_ks, summarize
 from workbench.tasks.prompts import PAPER_INSTRUCTION
 from workbench.train import evaluate as evaluate_module
-from workbench.train.evaluate import SAMPLE_COLUMNS, evaluate
+from workbench.train.evaluate import SAMPLE_COLUMNS, difficulty_metrics, evaluate
 
 # ---------------------------------------------------------------------------------------------- pure metrics
 
@@ -218,7 +218,7 @@ def tiny_agent(tmp_path_factory):
     mp = pytest.MonkeyPatch()
     mp.setenv("HACPO_CACHE", str(tmp_path_factory.mktemp("cache")))
     mp.setenv("HACPO_TINY_WARM_STEPS", "5")  # a barely trained build, in seconds
-    from workbench.agents.loading import load_agent
+    from workbench.agents.models.loading import load_agent
 
     yield load_agent("tiny:gpt2-char")
     mp.undo()
@@ -237,3 +237,32 @@ def test_evaluate_a_tiny_agent(tiny_agent):
     metrics = first.summary.set_index("metric")["value"]
     assert list(metrics.index) == ["greedy_acc", "avg@3", "pass@1", "pass@2", "pass@3", "best@3"]
     assert metrics.between(0, 1).all() and metrics["pass@3"] == metrics["best@3"] >= metrics["avg@3"]
+
+
+def test_embedded_items_carry_their_number_of_operations_as_difficulty():
+    items = embedded_task("test", 60, seed=0, regime="addsub")
+    for item in items:
+        assert item.difficulty == str(sum(item.question.count(op) for op in "+-"))
+    assert {item.difficulty for item in items} == {"1", "2", "3"}
+
+
+def test_accuracy_by_difficulty_from_item_rows():
+    rows = [
+        {"item": "a", "greedy": 1, "sampled": 2, "k": 2},
+        {"item": "b", "greedy": 0, "sampled": 1, "k": 2},
+        {"item": "c", "greedy": 1, "sampled": 0, "k": 2},
+        {"item": "d", "greedy": 0, "sampled": None, "k": 0},  # no difficulty: left out
+    ]
+    by = accuracy_by_difficulty(rows, {"a": "10", "b": "2", "c": "2", "d": ""})
+    assert list(by) == ["2", "10"]  # numeric order
+    assert by["2"] == {"items": 2.0, "greedy_acc": 0.5, "avg@2": 0.25}
+    assert by["10"] == {"items": 1.0, "greedy_acc": 1.0, "avg@2": 1.0}
+    metrics = difficulty_metrics("x", rows, {"a": "1", "b": "1", "c": "3"})
+    assert metrics == {
+        "eval_difficulty/1/items/x": 2.0,
+        "eval_difficulty/1/acc/x": 0.5,
+        "eval_difficulty/1/avg@2/x": 0.75,
+        "eval_difficulty/3/items/x": 1.0,
+        "eval_difficulty/3/acc/x": 1.0,
+        "eval_difficulty/3/avg@2/x": 0.0,
+    }

@@ -19,8 +19,9 @@ import torch
 from workbench.config.experiment import from_dict
 from workbench.train import executors
 from workbench.train.checkpoint import load_latest_checkpoint
-from workbench.train.executors import RayExecutor, RayOptions, ThreadExecutor
+from workbench.train.executors import InProcessExecutor, RayExecutor, RayOptions
 from workbench.train.run import train
+from workbench.train.worker import WorkerArgs
 
 TINY = {
     "agents": ["tiny:gpt2-char", "tiny:llama-bpe"],
@@ -120,8 +121,12 @@ class _FakeWorker:
 
     meet: threading.Barrier
 
-    def __init__(self, index: int, fail: bool = False, **_) -> None:
+    def __init__(self, index: int, fail: bool = False) -> None:
         self.index, self.fail, self.seen, self.done = index, fail, {}, False
+
+    @classmethod
+    def build(cls, args: WorkerArgs) -> "_FakeWorker":
+        return cls(args.index, fail=args.settings == "fail")
 
     def update(self, request):
         self.seen = {"thread": threading.get_ident(), "torch_threads": torch.get_num_threads()}
@@ -132,11 +137,15 @@ class _FakeWorker:
         self.done = True
         return f"report {self.index} of {request}"
 
+    def close(self) -> None:
+        self.closed = True
 
-def _fake_executor(monkeypatch, fail: tuple[bool, bool] = (False, False)) -> ThreadExecutor:
+
+def _fake_executor(monkeypatch, fail: tuple[bool, bool] = (False, False)) -> InProcessExecutor:
     monkeypatch.setattr(executors, "AgentWorker", _FakeWorker)
     _FakeWorker.meet = threading.Barrier(2)
-    return ThreadExecutor([{"index": k, "fail": fail[k]} for k in range(2)])
+    workers = [WorkerArgs(None, k, ("a", "b"), "fail" if fail[k] else None) for k in range(2)]
+    return InProcessExecutor(workers, parallel=True)
 
 
 def test_threads_run_the_agents_at_once_with_a_share_of_the_torch_threads(monkeypatch, two_threads):
@@ -162,9 +171,9 @@ def test_a_failing_agent_is_raised_after_the_other_has_ended(monkeypatch, two_th
 
 def test_a_cluster_too_small_for_the_agents_is_named_before_any_actor_starts(ray_session):
     spec = from_dict({"experiment": "ex", "output": {"root": "unused"}, **TINY}).agents[0]
-    kwargs = [{"spec": spec, "index": a, "names": ["a", "b"], "settings": None} for a in range(2)]
+    workers = [WorkerArgs(spec, a, ("a", "b"), None) for a in range(2)]
     with pytest.raises(RuntimeError, match=r"need 8 CPU but 2 in the whole Ray cluster"):
-        RayExecutor(kwargs, RayOptions(cpus_per_agent=4), seed=0)
+        RayExecutor(workers, RayOptions(cpus_per_agent=4), seed=0)
     spec_gpu = dataclasses.replace(spec, device="cuda:1")
     with pytest.raises(RuntimeError, match=r"need 2 GPU but 0 in the whole Ray cluster"):
-        RayExecutor([{**kw, "spec": spec_gpu} for kw in kwargs], RayOptions(), seed=0)
+        RayExecutor([dataclasses.replace(w, spec=spec_gpu) for w in workers], RayOptions(), seed=0)

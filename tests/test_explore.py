@@ -174,3 +174,16 @@ print("plots", loaded(["ipywidgets", "torch"]))
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_capability_table_for_three_agents_has_the_3x3_omega_and_every_learner_baseline():
+    """n = 3: six ordered (learner, source) pairs of ω and three learner baselines per example group."""
+    summary = capability_table([0.25, 0.5, 0.75], window=5, agents=["a", "b", "c"], group_size=4)
+    omega = summary.omega.set_index(["learner", "source"])
+    assert len(omega) == 6
+    assert omega.loc[("a", "c"), "omega_baseline"] == pytest.approx(1 / 3)
+    assert omega.loc[("a", "c"), "cross_coef"] == pytest.approx(3.0)
+    rows = summary.baselines.set_index(["group", "learner"])
+    # μ̂_a = (1·1 + (1/2)·2 + (1/3)·3) / 12 over the 12 rewards 1000 | 1100 | 1110 (Eq. 7)
+    assert rows.loc[("as accuracies", "a"), "baseline"] == pytest.approx(3 / 12)
+    assert set(rows.loc["as accuracies"].index) == {"a", "b", "c"}

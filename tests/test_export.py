@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
-from workbench.agents.agent import AgentLoadError
-from workbench.agents.export import export_run
-from workbench.agents.loading import checkpoint_step, is_run_dir, load_agent, model_problem
+from workbench.agents.forward.agent import AgentLoadError
+from workbench.agents.models.export import export_run
+from workbench.agents.models.loading import checkpoint_step, is_run_dir, load_agent, model_problem
 from workbench.config.experiment import from_dict
 from workbench.train.checkpoint import save_checkpoint
 from workbench.train.rundir import RunWriter, create_run_dir

@@ -11,24 +11,18 @@ import json
 import pytest
 import torch
 
-from workbench.agents.hf import autocast_dtype, precision_policy
+from workbench.agents.plan.precision import autocast_dtype, precision_policy
 from workbench.config.agent_spec import AgentSpec
 from workbench.config.experiment import from_dict
 from workbench.lab.frames import load_runs
 from workbench.train.checkpoint import load_latest_checkpoint
 from workbench.train.run import train
 from workbench.train.rundir import RunWriter, create_run_dir
-from workbench.train.trainer import Trainer
+from workbench.train.trainer import start_trainer
 
 DEVICES = [
     "cpu",
-    pytest.param(
-        "cuda",
-        marks=[
-            pytest.mark.gpu,
-            pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-        ],
-    ),
+    pytest.param("cuda", marks=pytest.mark.gpu),  # skipped without CUDA (tests/conftest.py)
 ]
 
 TRAIN = {
@@ -101,7 +95,7 @@ def test_one_hacpo_step_with_4bit_qlora(tmp_path, device, parity_reward):
 
 @pytest.mark.gpu
 def test_starting_weights_digest_is_the_same_on_cuda_and_cpu():
-    from workbench.agents.loading import load_agent
+    from workbench.agents.models.loading import load_agent
 
     on_cuda = load_agent({"model": "tiny:gpt2-char", "device": "cuda"})
     on_cpu = load_agent({"model": "tiny:gpt2-char", "device": "cpu"})
@@ -115,7 +109,7 @@ def test_full_finetuning_keeps_fp32_master_weights_and_moves_them_at_lr_1e_6(tmp
     cfg = _config(tmp_path, agents, reward=parity_reward, lr=1e-6)
     run_dir = create_run_dir(tmp_path, cfg.experiment)
     RunWriter(run_dir).write_config(cfg.to_dict())
-    trainer = Trainer(cfg, run_dir)
+    trainer = start_trainer(cfg, run_dir)
     workers = [w.agent for w in trainer.executor.workers]
     policy = precision_policy(AgentSpec("m"), device)
     for agent in workers:

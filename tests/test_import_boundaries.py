@@ -24,6 +24,9 @@ LAYERS = ("core", "tasks", "config", "agents", "train", "lab", "jobs")
 READ_ONLY = {"lab": ("agents", "train")}
 """Layers that may not import some lower ones: the lab reads run directories and never trains or loads a
 model, so it can start nothing."""
+ROOMS = {"agents": ("plan", "forward", "generation", "models")}
+"""Rooms of a layer, bottom to top: a module in a room imports only from its own room or a lower one (the
+layer's ``__init__`` facade may import any)."""
 TOP = {"workbench", "workbench.__main__", "workbench.hacpo"}
 """Entry points above every layer (``hacpo`` is the math facade and may import ``core`` only)."""
 
@@ -84,6 +87,22 @@ def test_imports_only_go_down_or_sideways():
         if _layer(target) > _layer(module)
     ]
     assert upward == [], "upward imports:\n" + "\n".join(upward)
+
+
+@pytest.mark.parametrize("layer", sorted(ROOMS))
+def test_rooms_of_a_layer_import_only_down_or_sideways(layer):
+    rooms = ROOMS[layer]
+    prefix = f"workbench.{layer}."
+    stray = [m for m in MODULES if m.startswith(prefix) and m.split(".")[2] not in rooms]
+    assert stray == [], f"modules of workbench.{layer} outside its rooms {rooms}: {stray}"
+    upward = [
+        f"{module} imports {target}"
+        for module, targets in GRAPH.items()
+        if module.startswith(prefix)
+        for target in targets
+        if target.startswith(prefix) and rooms.index(target.split(".")[2]) > rooms.index(module.split(".")[2])
+    ]
+    assert upward == [], f"upward imports between the rooms of workbench.{layer}:\n" + "\n".join(upward)
 
 
 @pytest.mark.parametrize("layer", sorted(READ_ONLY))

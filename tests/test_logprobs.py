@@ -1,4 +1,4 @@
-"""Chunked log-probs (``workbench.agents.logprobs``) equal the direct full-vocabulary computation.
+"""Chunked log-probs (``workbench.agents.forward.logprobs``) equal the direct full-vocabulary computation.
 
 Tolerance: values and gradients agree to 1e-5 (absolute and relative) in fp32; the chunked path runs the same
 per-row operations on fewer rows at a time, so only matmul blocking can differ.
@@ -7,11 +7,12 @@ per-row operations on fewer rows at a time, so only matmul blocking can differ.
 import pytest
 import torch
 
-from workbench.agents import logprobs
-from workbench.agents.loading import load_agent
-from workbench.agents.logprobs import chunk_tokens, head_parts, selective_logprobs
-from workbench.agents.rollout import generate, token_logprobs
-from workbench.agents.tokens import self_token_batch
+from workbench.agents.forward import logprobs
+from workbench.agents.forward.logprobs import chunk_tokens, head_parts, selective_logprobs
+from workbench.agents.forward.passes import token_logprobs
+from workbench.agents.forward.tokens import self_token_batch
+from workbench.agents.generation.rollout import generate
+from workbench.agents.models.loading import load_agent
 
 TOL = {"atol": 1e-5, "rtol": 1e-5}
 

@@ -1,5 +1,6 @@
-"""The memory model and the plan (``workbench.agents.memory``, ``workbench.train.plan``): counts that match
-what transformers and peft build, batch sizes that fit their budget, one plan for the trainer and the CLI."""
+"""The memory model and the plan (``workbench.agents.plan.memory``, ``workbench.train.plan``): counts that
+match what transformers and peft build, batch sizes that fit their budget, one plan for the trainer and the
+CLI."""
 
 import logging
 
@@ -8,7 +9,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from workbench.__main__ import main
-from workbench.agents.memory import (
+from workbench.agents.plan.memory import (
     CPU_MAX_ROWS,
     NF4_BYTES_PER_PARAM,
     ModelDims,
@@ -18,14 +19,14 @@ from workbench.agents.memory import (
     rows_within,
     trained_kind,
 )
-from workbench.agents.shapes import REFERENCE_CONFIGS, Inventory
+from workbench.agents.plan.shapes import REFERENCE_CONFIGS, Inventory
 from workbench.config.agent_spec import AgentSpec
 from workbench.config.experiment import from_dict
 from workbench.config.loading import load_experiment
 from workbench.core.paths import project_path
 from workbench.train.plan import AgentFacts, micro_batch_rows, plan_experiment
 from workbench.train.rundir import RunWriter, create_run_dir
-from workbench.train.trainer import Trainer
+from workbench.train.trainer import start_trainer
 
 GiB = 2**30
 QWEN3_1_7B = REFERENCE_CONFIGS["Qwen/Qwen3-1.7B-Base"]
@@ -188,7 +189,7 @@ def test_the_trainer_hands_each_worker_the_budget_of_its_plan(tmp_path):
     )
     run_dir = create_run_dir(tmp_path, cfg.experiment)
     RunWriter(run_dir).write_config(cfg.to_dict())
-    trainer = Trainer(cfg, run_dir)
+    trainer = start_trainer(cfg, run_dir)
     budgets = trainer.memory_plan.budgets
     assert budgets[0] == budgets[1] > 0  # one device, agents one after another: the same budget each
     for worker, budget in zip(trainer.executor.workers, budgets):

@@ -12,6 +12,7 @@ import nbformat
 import pandas as pd
 import papermill
 import pytest
+import yaml
 
 from workbench.jobs import runner
 
@@ -34,12 +35,15 @@ def test_thin_notebook_contract(path):
     cells = _code_cells(path)
     params = [c for c in cells if "parameters" in c.metadata.get("tags", [])]
     assert len(params) == 1, "exactly one cell tagged 'parameters'"
-    # The parameters cell: only `name = literal  # help` lines (papermill --help-notebook lists them).
+    # The parameters cell: only `name: type = literal  # help` statements (papermill --help-notebook lists
+    # them with their type and help).
+    lines = params[0].source.splitlines()
     for node in ast.parse(params[0].source).body:
-        assert isinstance(node, ast.Assign) and len(node.targets) == 1, ast.dump(node)
+        assert isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name), ast.dump(node)
+        assert node.value is not None, f"parameter {node.target.id} has no default"
         ast.literal_eval(node.value)  # a literal, never derived from another parameter
-    for line in params[0].source.splitlines():
-        assert "  # " in line, f"parameter without a trailing help comment: {line!r}"
+        last = lines[node.end_lineno - 1]
+        assert "  # " in last, f"parameter without a trailing help comment: {last!r}"
     for cell in cells:
         assert not cell.outputs and cell.execution_count is None, "commit notebooks with outputs stripped"
         for node in ast.walk(ast.parse(cell.source)):
@@ -58,7 +62,8 @@ def test_thin_notebook_contract(path):
 def test_help_notebook_documents_every_parameter(path):
     params = papermill.inspect_notebook(str(path))
     assert params and all(p["help"] for p in params.values()), params
-    assert "smoke" in params
+    assert all(p["inferred_type_name"] != "None" for p in params.values()), params  # typed
+    assert "smoke" in params and "overrides" in params
 
 
 def test_quickstart_smoke_writes_table_and_figures(tmp_path):
@@ -77,6 +82,40 @@ def test_quickstart_smoke_writes_table_and_figures(tmp_path):
     assert out["table"].equals(table)
 
 
+def test_notebook_parameters_set_the_schedule_and_the_rewards_of_every_run(tmp_path):
+    rewards = [{"fn": "math_verify", "weight": 1.0}, {"fn": "format_boxed", "weight": 0.2}]
+    assert runner.run_overrides(False, None, {"train.steps": 3}, lr_schedule="cosine", rewards=rewards) == {
+        "train.steps": 3,
+        "train.lr_schedule": "cosine",
+        "task.rewards": rewards,
+    }
+    runner.execute_notebook(
+        "01_quickstart.ipynb",
+        tmp_path / "out",
+        {
+            "smoke": True,
+            "algorithms": ["hacpo"],
+            "results_root": str(tmp_path / "runs"),
+            "lr_schedule": "cosine",
+            "warmup_ratio": 0.5,
+            "rewards": rewards,
+        },
+    )
+    (config_path,) = (tmp_path / "runs").rglob("config.yaml")
+    config = yaml.safe_load(config_path.read_text())
+    assert config["train"]["lr_schedule"] == "cosine" and config["train"]["warmup_ratio"] == 0.5
+    assert [(term["fn"], term["weight"]) for term in config["task"]["rewards"]] == [
+        (term["fn"], term["weight"]) for term in rewards
+    ]
+    lines = (config_path.parent / "metrics.jsonl").read_text().splitlines()
+    keys = set().union(*(json.loads(line) for line in lines))
+    assert {"reward/gpt2-char/math_verify/mean", "reward/llama-bpe/format_boxed/std"} <= keys
+    rates = [
+        json.loads(line)["train/lr/gpt2-char"] for line in lines if "train/lr/gpt2-char" in json.loads(line)
+    ]
+    assert rates[0] < max(rates)  # warm-up: the first step's rate is below the peak
+
+
 def test_reproduce_smoke_runs_every_job_and_indexes_it(tmp_path):
     index = runner.reproduce(smoke=True, results_root=tmp_path)
     root = tmp_path / "smoke"
@@ -91,10 +130,18 @@ def test_reproduce_smoke_runs_every_job_and_indexes_it(tmp_path):
         assert method in methods, methods
     assert "AVG_mean" in table1.columns
     assert (root / "benchmarks" / "figure3.svg").stat().st_size > 500
-    assert (root / "ablations" / "table4.csv").is_file()
-    assert (root / "ablations" / "table6.csv").is_file()
-    assert (root / "ablations" / "figure4.png").stat().st_size > 500
+    ablations = root / "ablations"
+    assert {"comparison.csv", "verdicts.csv", "per_seed.csv", "comparison.md"} <= {
+        p.name for p in ablations.iterdir()
+    }
+    claims = set(pd.read_csv(ablations / "verdicts.csv")["claim"])
+    assert {"HACPO ≥ HACPO − Adv", "HACPO ≥ no Clip", "HACPO ≥ Naive (sym.)"} <= claims
+    assert (ablations / "paper" / "table4.csv").is_file()
+    assert (ablations / "paper" / "figure4.png").stat().st_size > 500
+    assert (root / "regime" / "regime.csv").is_file()
+    # Table 1 from the benchmarks' experiment alone, beside the regime's runs of other experiments.
     assert (root / "figures" / "table1.csv").is_file()
+    assert (root / "figures" / "table2_3.csv").is_file()
     # Re-running skips finished runs: no new run directory appears.
     before = sorted(p for p in (root / "runs").rglob("config.yaml"))
     runner.reproduce(smoke=True, only=["benchmarks"], results_root=tmp_path)
@@ -116,6 +163,28 @@ def test_tune_notebook_executes_headless(tmp_path):
     errors = [o for c in executed["cells"] for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors
     assert (tmp_path / "cross_weight.csv").is_file()
+
+
+@pytest.mark.parametrize("cwd", ["notebooks", "."], ids=["jupyterlab", "papermill"])
+def test_diagnostics_notebook_reads_the_committed_real_pair_runs(tmp_path, cwd):
+    from workbench.lab.diagnostics import run_label
+
+    hacpo_seed_1 = [
+        str(p.parent.relative_to(ROOT))
+        for p in sorted((ROOT / "results" / "real_pair" / "real_pair").glob("*/config.yaml"))
+        if run_label(p.parent) == "HACPO, seed 1"
+    ]
+    assert len(hacpo_seed_1) == 1, hacpo_seed_1
+    runner.execute_notebook(
+        "07_diagnostics.ipynb",
+        tmp_path,
+        {"runs": hacpo_seed_1, "agent": "gemma3", "out_dir": str(tmp_path), "smoke": True},
+        cwd=ROOT / cwd,
+    )
+    arms = pd.read_csv(tmp_path / "arms.csv")
+    assert list(arms["label"]) == ["HACPO, seed 1"]
+    assert arms["greedy 2"].iloc[0] < arms["greedy 1"].iloc[0]  # the collapse: 2-op items fell
+    assert (tmp_path / "diagnostics.svg").stat().st_size > 500
 
 
 def test_project_paths_resolve_from_any_working_directory(tmp_path, monkeypatch):
@@ -147,7 +216,7 @@ def test_notebooks_name_the_project_kernel_and_run_in_their_folder(monkeypatch, 
 
 
 def test_trained_notebooks_take_seeds_and_the_runner_passes_them(monkeypatch, tmp_path):
-    for name in ("01_quickstart", "03_benchmarks", "04_ablations"):
+    for name in ("01_quickstart", "03_benchmarks", "04_ablations", "06_regime"):
         params = papermill.inspect_notebook(str(ROOT / "notebooks" / f"{name}.ipynb"))
         assert "seeds" in params and params["seeds"]["help"], params
     assert (
@@ -158,6 +227,6 @@ def test_trained_notebooks_take_seeds_and_the_runner_passes_them(monkeypatch, tm
     monkeypatch.setattr(runner, "execute_notebook", lambda nb, out, params, **kw: calls.append((nb, params)))
     monkeypatch.setattr(runner, "write_index", lambda root: root / "index.md")
     runner.reproduce(smoke=True, results_root=tmp_path, seeds=[3, 4])
-    assert [p.get("seeds") for _, p in calls] == [[3, 4], [3, 4], None]
+    assert [p.get("seeds") for _, p in calls] == [[3, 4], [3, 4], [3, 4], None]
     with pytest.raises(ValueError, match="distinct integers"):
         runner.reproduce(smoke=True, results_root=tmp_path, seeds=[1, 1])

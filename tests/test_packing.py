@@ -10,17 +10,18 @@ import contextlib
 import pytest
 import torch
 
-from workbench.agents import packing, rollout
-from workbench.agents.loading import load_agent
-from workbench.agents.packing import (
+from workbench.agents.forward import packing, passes
+from workbench.agents.forward.packing import (
     length_buckets,
     pack_rows,
     packed_attention,
     packed_tokens,
     supports_packing,
 )
-from workbench.agents.rollout import generate, token_logprobs
-from workbench.agents.tokens import pack, self_token_batch
+from workbench.agents.forward.passes import token_logprobs
+from workbench.agents.forward.tokens import pack, self_token_batch
+from workbench.agents.generation.rollout import generate
+from workbench.agents.models.loading import load_agent
 
 LOGP_TOL = {"atol": 1e-5, "rtol": 0.0}
 GRAD_TOL = {"atol": 1e-5, "rtol": 1e-4}
@@ -73,7 +74,7 @@ def _grads(agent, batch, *, packed: bool, monkeypatch, temperature=1.0):
     runs them) or padded."""
     with monkeypatch.context() as patch:
         if not packed:
-            patch.setattr(rollout, "supports_packing", lambda model: False)
+            patch.setattr(passes, "supports_packing", lambda model: False)
         params = agent.trainable_parameters()
         with packed_attention(agent.model) if packed else contextlib.nullcontext():
             logp_B_T, mask_B_T = token_logprobs(agent, batch, temperature=temperature)
@@ -96,7 +97,7 @@ def _assert_same(agent, batch, monkeypatch, **kwargs):
 
 def _mixed_batch(agent, other):
     """Own rows (shared prompts) and another agent's text re-encoded (longer, other lengths)."""
-    from workbench.agents.sharing import build_training_batch
+    from workbench.agents.forward.sharing import build_training_batch
 
     own = generate(agent, PROMPTS, n=3, seed=0, max_new_tokens=12, author=0)
     cross = generate(other, PROMPTS, n=2, seed=1, max_new_tokens=12, author=1)
@@ -132,7 +133,7 @@ def test_packing_holds_with_gradient_checkpointing_inside_the_packed_block(bpe_a
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, **GRAD_TOL)
     seen = []
-    monkeypatch.setattr(rollout, "pack_rows", lambda b: seen.append(b) or pack_rows(b))
+    monkeypatch.setattr(passes, "pack_rows", lambda b: seen.append(b) or pack_rows(b))
     token_logprobs(checkpointed, batch)[0].sum().backward()  # no packed block held: padded, never wrong
     assert not seen
 

@@ -1,5 +1,6 @@
-"""The precision policy (``workbench.agents.hf``): no trained weight in bf16, decided by pure functions of
-(spec, device type), so a CPU test loads a tiny model with the CUDA policy and checks every kind of module."""
+"""The precision policy (``workbench.agents.models.hf``): no trained weight in bf16, decided by pure functions
+of (spec, device type), so a CPU test loads a tiny model with the CUDA policy and checks every kind of
+module."""
 
 import concurrent.futures
 import logging
@@ -8,15 +9,15 @@ import threading
 import pytest
 import torch
 
-from workbench.agents.hf import (
+from workbench.agents.forward.agent import precision
+from workbench.agents.models.hf import build_model
+from workbench.agents.models.loading import load_agent
+from workbench.agents.plan.precision import (
     Precision,
     autocast_dtype,
-    build_model,
-    precision,
     precision_policy,
     resolve_dtype,
 )
-from workbench.agents.loading import load_agent
 from workbench.config.agent_spec import AgentSpec
 
 CUDA, CPU = torch.device("cuda"), torch.device("cpu")
@@ -37,7 +38,7 @@ def test_full_finetuning_on_cuda_keeps_fp32_master_weights_under_bf16_autocast()
 
 
 def test_bf16_full_finetuning_is_loaded_with_a_warning_and_cpu_runs_without_autocast(char_agent_dir, caplog):
-    with caplog.at_level(logging.WARNING, logger="workbench.agents.hf"):
+    with caplog.at_level(logging.WARNING, logger="workbench.agents.models.hf"):
         agent = load_agent({"model": str(char_agent_dir), "device": "cpu", "dtype": "bfloat16"})
     assert next(agent.model.parameters()).dtype == torch.bfloat16
     assert any("round away" in r.getMessage() for r in caplog.records)

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from workbench.agents import loading, zoo
+from workbench.agents.models import loading, zoo
 from workbench.config.checks import ConfigError
 from workbench.config.loading import load_experiment
 from workbench.core.paths import PROJECT_ROOT

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.agents.loading import load_agent
-from workbench.agents.sharing import reencode_response
-from workbench.agents.warm import WARM_STARTS
+from workbench.agents.forward.sharing import reencode_response
+from workbench.agents.models.loading import load_agent
+from workbench.agents.models.warm import WARM_STARTS
 from workbench.config.agent_spec import AgentSpec
 from workbench.config.loading import load_experiment
 from workbench.core.paths import PROJECT_ROOT

@@ -9,11 +9,12 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from workbench.agents.rollout import generate, sequence_logprobs
-from workbench.agents.sharing import build_training_batch, reencode_response
-from workbench.agents.tokens import TokenBatch, pack
+from workbench.agents.forward.passes import sequence_logprobs
+from workbench.agents.forward.sharing import build_training_batch, reencode_response
+from workbench.agents.forward.tokens import TokenBatch, pack
+from workbench.agents.generation.rollout import generate
 from workbench.core.types import Rollout
-from workbench.train.update import UpdateSettings, score_own
+from workbench.train.scoring import UpdateSettings, score_own
 
 PROMPTS = ["3+4*2", "7-1", "2*3*4-5", "9"]
 

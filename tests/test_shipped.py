@@ -6,8 +6,15 @@ import shutil
 
 import pytest
 
-from workbench.agents.shipped import MANIFEST, ZOO_ROOT, ShippedError, manifest, shipped_card, shipped_dir
-from workbench.agents.zoo import TINY_PRESETS, greedy_accuracy
+from workbench.agents.models.shipped import (
+    MANIFEST,
+    ZOO_ROOT,
+    ShippedError,
+    manifest,
+    shipped_card,
+    shipped_dir,
+)
+from workbench.agents.models.zoo import TINY_PRESETS, greedy_accuracy
 
 CARD_KEYS = {"initial_greedy_accuracy", "eval_problems", "build_seconds", "built_on"}
 KIND_CARD_KEYS = {
@@ -45,7 +52,7 @@ def test_a_changed_or_truncated_file_is_named(tmp_path):
 
 
 def test_tiny_preset_loads_the_shipped_weights_unless_warm_steps_are_overridden(monkeypatch):
-    from workbench.agents.loading import resolve_model_source
+    from workbench.agents.models.loading import resolve_model_source
 
     monkeypatch.delenv("HACPO_TINY_WARM_STEPS", raising=False)
     assert resolve_model_source("tiny:llama-bpe") == str(ZOO_ROOT / "tiny" / "llama-bpe")
@@ -61,7 +68,7 @@ def test_shipped_preset_reproduces_its_card(preset, monkeypatch):
     Greedy decoding of the same weights can flip a near-tie between CPUs whose kernels round differently, so
     a difference of up to 5 items (0.005) is allowed; on the machine that built them it is 0.
     """
-    from workbench.agents.loading import load_agent
+    from workbench.agents.models.loading import load_agent
 
     monkeypatch.delenv("HACPO_TINY_WARM_STEPS", raising=False)
     card = shipped_card("tiny", preset)
@@ -73,7 +80,7 @@ def test_shipped_preset_reproduces_its_card(preset, monkeypatch):
 def test_warm_starts_stop_mid_curve():
     """Each shipped warm start's greedy accuracy on 1,000 held-out items lies in [0.30, 0.60]: RL has headroom
     and a signal (mixed rewards in most groups)."""
-    from workbench.agents.warm import WARM_STARTS
+    from workbench.agents.models.warm import WARM_STARTS
 
     for name in WARM_STARTS:
         card = shipped_card("warm", name)
@@ -87,8 +94,8 @@ def test_warm_starts_stop_mid_curve():
 @pytest.mark.parametrize("name", ["smollm2-addsub2", "gemma3-addsub2"])
 def test_shipped_warm_start_reproduces_its_card(name):
     """The merged warm start answers the first 100 held-out items as its card says (≤ 2 items apart)."""
-    from workbench.agents.loading import load_agent
-    from workbench.agents.warm import WARM_STARTS
+    from workbench.agents.models.loading import load_agent
+    from workbench.agents.models.warm import WARM_STARTS
     from workbench.config.agent_spec import AgentSpec
 
     card = shipped_card("warm", name)

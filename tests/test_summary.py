@@ -3,6 +3,7 @@ of a rerun against it (workbench.lab.rerun), from tiny fake run directories: no 
 
 from __future__ import annotations
 
+import json
 import math
 import re
 
@@ -58,7 +59,7 @@ def test_comparison_csv_has_means_stds_cost_and_time(results):
     _, out, files = results
     assert [f.name for f in files] == [
         "comparison.csv", "per_seed.csv", "items.csv.gz", "verdicts.csv", "excluded.csv",
-        "tokens_vs_bytes.csv", "ratios_by_minibatch.csv", "curves.csv", "curves_model.svg",
+        "tokens_vs_bytes.csv", "ratios_by_minibatch.csv", "curves.csv", "curves_model.svg", "verdicts.svg",
         "comparison.md",
     ]  # fmt: skip
     table = pd.read_csv(out / "comparison.csv").set_index(["method", "agent"])
@@ -400,3 +401,46 @@ def test_check_rerun_tolerance_edges_other_avgk_and_bad_tables():
         check_rerun(table(0.5, 0.03).drop(columns="agent"), table(0.5, 0.03))
     with pytest.raises(ValueError, match="several rows"):
         check_rerun(pd.concat([table(0.5, 0.03)] * 2), table(0.5, 0.03))
+
+
+def test_a_regime_table_sets_hacpo_minus_gspo_beside_the_spread_of_omega_and_p_hat(tmp_path):
+    """Two values of P, HACPO and GSPO, 3 seeds: Δ and its interval come from the comparison's verdicts; the
+    ω spread and P̂'s error from the HACPO runs' own logs (appended to the fake runs' metrics)."""
+    from workbench.lab.regime import write_regime_summary
+
+    runs = []
+    for prompts, omega_swing, error in ((4, 0.5, 0.2), (16, 0.1, 0.05)):
+        for algorithm, final in (("hacpo", (0.55, 0.75)), ("gspo", (0.5, 0.7))):
+            for seed in range(3):
+                run = write_run(
+                    tmp_path / "runs", experiment=f"model-p{prompts}", algorithm=algorithm, seed=seed,
+                    final=final, avg=final,
+                )  # fmt: skip
+                text = (run / "config.yaml").read_text()
+                (run / "config.yaml").write_text(
+                    text.replace("prompts_per_step: 4", f"prompts_per_step: {prompts}")
+                )
+                rows = []
+                for step in range(1, 5):  # ω swings by ±omega_swing; P̂ sits `error` above the final accuracy
+                    sign = 1 if step % 2 else -1
+                    swing = sign * omega_swing
+                    rows.append(
+                        {"step": step, "omega/a/b": 1 + swing, "omega/b/a": 1 - swing,
+                         "capability/a": 0.55 + error, "capability/b": 0.75 + error}
+                    )  # fmt: skip
+                with open(run / "metrics.jsonl", "a") as f:
+                    f.writelines(json.dumps(r) + "\n" for r in rows)
+                runs.append(run)
+    files = write_regime_summary(runs, tmp_path / "out")
+    assert {f.name for f in files} >= {"regime.csv", "regime.svg", "verdicts.csv", "comparison.md"}
+    table = pd.read_csv(tmp_path / "out" / "regime.csv")
+    assert sorted(set(table["prompts_per_step"])) == [4, 16] and set(table["samples_per_step"]) == {32, 128}
+    row = table.query("prompts_per_step == 4 and agent == 'a' and metric == 'greedy_acc'")
+    assert row["delta"].item() == pytest.approx(0.05)  # HACPO 0.55 against GSPO 0.50
+    by_p = table.drop_duplicates("prompts_per_step").set_index("prompts_per_step")
+    assert by_p.loc[4, "omega_std"] == pytest.approx(2 * 0.5 / 3**0.5)  # std of ±0.5 over 4 steps
+    assert by_p.loc[16, "omega_std"] == pytest.approx(2 * 0.1 / 3**0.5)
+    # only HACPO runs log ω and P̂ here; at the evaluation of step 4 P̂ − avg@4 = error
+    assert by_p.loc[4, "p_hat_error"] == pytest.approx(0.2) and by_p.loc[
+        16, "p_hat_error_abs"
+    ] == pytest.approx(0.05)

@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 import torch
 
-from workbench.agents import threads
-from workbench.agents.rollout import generate
-from workbench.agents.threads import SERIAL_WORK, serial_work, threads_for
+from workbench.agents.forward import threads
+from workbench.agents.forward.threads import SERIAL_WORK, serial_work, threads_for
+from workbench.agents.generation.rollout import generate
 
 
 def _parameters(agent) -> int:

@@ -80,7 +80,10 @@ def test_a_missing_or_unknown_sink_is_named(monkeypatch):
     assert "'trackio' is not installed (pip install trackio)" in report_to_problem(["trackio"])
 
 
-@pytest.mark.skipif(importlib.util.find_spec("tensorboard") is None, reason="tensorboard is not installed")
+def test_tensorboard_is_installed_by_the_set_up():
+    assert report_to_problem(["tensorboard"]) is None  # pyproject.toml pins it among the dependencies
+
+
 def test_tensorboard_events_in_the_run_directory(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -113,3 +116,25 @@ def test_trackio_logs_locally(tmp_path):
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "0.5" in out.stdout and any((tmp_path / "trackio").iterdir())
+
+
+def test_a_cli_run_shows_up_in_tensorboard(tmp_path):
+    """``--set output.report_to=[tensorboard]`` on a first ``run``: the run's scalars are in its folder."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    overrides = [
+        "train.steps=2", "train.prompts_per_step=2", "train.group_size=2", "train.minibatch_prompts=1",
+        "train.max_new_tokens=6", "train.eval_every=0", "train.eval_samples=0", "task.train_size=8",
+        "task.eval_size=2", f"output.root={tmp_path}", "output.report_to=[tensorboard]",
+    ]  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "workbench", "run", str(QUICKSTART), "--set", *overrides],
+        cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    (run_dir,) = (tmp_path / "quickstart").iterdir()
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    tags = events.Tags()["scalars"]
+    assert {"train/acc/gpt2-char", "train/lr/llama-bpe", "eval/acc/gpt2-char"} <= set(tags)
+    assert [e.step for e in events.Scalars("train/acc/gpt2-char")] == [1, 2]

@@ -15,14 +15,14 @@ import pytest
 import torch
 import yaml
 
-from workbench.agents.loading import load_agent
+from workbench.agents.models.loading import load_agent
 from workbench.config.experiment import ConfigError, from_dict
 from workbench.config.loading import load_experiment
 from workbench.core import losses
 from workbench.lab.frames import load_runs, melt_metric
 from workbench.train.checkpoint import list_checkpoints, load_latest_checkpoint
 from workbench.train.run import fit, train
-from workbench.train.trainer import Trainer, TrainingError
+from workbench.train.trainer import TrainingError, start_trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = {
@@ -56,7 +56,7 @@ def mixed_rewards(monkeypatch):
     def by_parity(completions, answers, method="math_verify"):
         return [CORRECT if len(text) % 2 else WRONG for text in completions]
 
-    monkeypatch.setattr("workbench.train.trainer.grade_batch", by_parity)
+    monkeypatch.setattr("workbench.train.rewarding.grade_batch", by_parity)
 
 
 def _final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -119,7 +119,7 @@ def test_one_agent_hacpo_reproduces_gspo_exactly(tmp_path):
         from workbench.train.rundir import RunWriter
 
         RunWriter(run_dir).write_config(cfg.to_dict())
-        runs.append(fit(Trainer(cfg, run_dir)))
+        runs.append(fit(start_trainer(cfg, run_dir)))
     w_gspo, w_hacpo = (_final_weights(r) for r in runs)
     assert w_gspo.keys() == w_hacpo.keys()
     assert all(torch.equal(w_gspo[k], w_hacpo[k]) for k in w_gspo)
@@ -332,3 +332,45 @@ def test_ratio_statistics_per_minibatch_index(tmp_path, mixed_rewards):
     df = load_runs([run_dir])
     assert set(melt_metric(df, "is").columns) >= {"learner", "source", "stat"}
     assert set(melt_metric(df, "is_mb").columns) >= {"learner", "source", "minibatch", "stat"}
+
+
+def test_a_run_logs_what_the_diagnostics_view_reads(tmp_path, mixed_rewards):
+    """Every learner × source signal, samples of every author, accuracy by difficulty: the run's own files
+    give every panel of `workbench.lab.diagnostics`."""
+    from workbench.lab import diagnostics, plots
+
+    train_section = {**TINY["train"], "steps": 2, "eval_every": 2, "samples_per_step": 4}
+    run_dir = train(_config(tmp_path, train=train_section))
+    last = load_runs([run_dir]).iloc[-1]
+    names = ("gpt2-char", "llama-bpe")
+    for learner in names:
+        total = sum(last[f"adv_src/{learner}/{s}/sum"] for s in names)
+        assert total == pytest.approx(last[f"adv/{learner}/mean"] * 2 * 4 * 2, abs=1e-4)  # A·P·G rows
+        for source in names:
+            assert 0.0 <= last[f"grad_frac/{learner}/{source}"] <= 1.0
+            assert last[f"length/{learner}/{source}"] > 0
+            assert (
+                last[f"omega_baseline/{learner}/{source}"] > 0 and last[f"omega_loss/{learner}/{source}"] > 0
+            )
+        assert math.isfinite(last[f"loss/{learner}"]) and math.isfinite(last[f"loss_clipped/{learner}"])
+        assert last[f"train/length_chars/{learner}"] > 0
+        evaluated = [last[f"eval_difficulty/{d}/items/{learner}"] for d in "123"]
+        assert sum(x for x in evaluated if not math.isnan(x)) == 6  # every held-out item has its difficulty
+    rows = [json.loads(line) for line in (run_dir / "samples" / "step_000002.jsonl").open()]
+    assert [r["author"] for r in rows] == ["gpt2-char"] * 2 + ["llama-bpe"] * 2
+    assert {r["prompt"] for r in rows[:2]} == {r["prompt"] for r in rows[2:]}
+    frame = diagnostics.signals_frame([run_dir])
+    assert set(frame["panel"]) == set(diagnostics.PANELS)
+    by_difficulty = diagnostics.difficulty_frame([run_dir])
+    logged = by_difficulty.query("step == 2")
+    for row in logged.itertuples():
+        assert row.greedy_acc == pytest.approx(last[f"eval_difficulty/{row.difficulty}/acc/{row.agent}"])
+    plots.diagnostics_chart(frame).to_dict()
+    samples = diagnostics.prompt_samples(run_dir, 2, 0)
+    assert set(samples["author"]) == set(names) and "gpt2-char advantage" in samples.columns
+    arms = diagnostics.arm_table([run_dir], "gpt2-char").iloc[0]
+    assert arms["greedy"] == pytest.approx(last["eval/acc/gpt2-char"])
+    assert arms["adv_sum llama-bpe"] == pytest.approx(
+        load_runs([run_dir])["adv_src/gpt2-char/llama-bpe/sum"].mean()
+    )
+    assert {"greedy 1", "greedy 2", "greedy 3", "length_ratio", "grad_frac llama-bpe"} <= set(arms.index)

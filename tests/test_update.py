@@ -5,17 +5,21 @@ import dataclasses
 import pytest
 import torch
 
-from workbench.agents.loading import load_agent
-from workbench.agents.rollout import generate
+from workbench.agents.generation.rollout import generate
+from workbench.agents.models.loading import load_agent
 from workbench.config.agent_spec import AgentSpec
 from workbench.core import losses
 from workbench.core.losses import LossParams, PolicyBatch
 from workbench.core.types import Rollout
 from workbench.train import batches as batches_module
+from workbench.train import probe as probe_module
+from workbench.train import scoring as scoring_module
 from workbench.train import update as update_module
 from workbench.train.batches import build_learner_batch, plan_micro_batches
 from workbench.train.exchange import RolloutRequest, UpdateRequest, as_cross_rollout, share
-from workbench.train.update import UpdateSettings, score_own, update_learner
+from workbench.train.metrics import learner_metrics
+from workbench.train.scoring import score_own, set_old_policy
+from workbench.train.update import UpdateSettings, update_learner
 from workbench.train.worker import AgentWorker, WorkerSettings
 
 PROMPTS = ["2+3", "4*2", "7-5"]
@@ -78,6 +82,14 @@ def pair(char_agent_dir, bpe_agent):
     return learner, own, cross, advantages_P_A_G
 
 
+def _batch(learner, own, cross, advantages_P_A_G, coef_A, scores=None, settings=SETTINGS, **kwargs):
+    """The learner's batch with every row's old policy (`build_learner_batch`, then `set_old_policy`)."""
+    batch = build_learner_batch(learner, 0, own, cross, advantages_P_A_G, coef_A, **kwargs)
+    scores = score_own(learner, own, settings) if scores is None else scores
+    set_old_policy(learner, batch, scores, settings)
+    return batch
+
+
 def test_one_no_grad_pass_over_own_rows_only_and_self_ratio_exactly_one(pair, monkeypatch):
     learner, own, cross, advantages_P_A_G = pair
     seen = {"no_grad_rows": 0, "grad_rows": 0}
@@ -87,10 +99,11 @@ def test_one_no_grad_pass_over_own_rows_only_and_self_ratio_exactly_one(pair, mo
         seen["grad_rows" if torch.is_grad_enabled() else "no_grad_rows"] += len(view)
         return real(agent, view, temperature=temperature)
 
-    monkeypatch.setattr(update_module, "token_logprobs", counting)
+    for module in (update_module, scoring_module, probe_module):
+        monkeypatch.setattr(module, "token_logprobs", counting)
     scores = score_own(learner, own, SETTINGS)
     assert seen == {"no_grad_rows": len(own), "grad_rows": 0}  # the learner's no-grad pass: own rows once
-    batch = build_learner_batch(learner, 0, own, cross, advantages_P_A_G, torch.tensor([1.0, 2.0]), scores)
+    batch = _batch(learner, own, cross, advantages_P_A_G, torch.tensor([1.0, 2.0]), scores)
     optimizer = torch.optim.AdamW(learner.trainable_parameters(), lr=1e-3)
     seen["no_grad_rows"] = 0
     out = update_learner(learner, optimizer, batch, LossParams(), SETTINGS)
@@ -133,8 +146,7 @@ def test_every_tensor_a_loss_receives_sits_on_the_learner_device(pair, monkeypat
     learner, own, cross, advantages_P_A_G = pair
     if rows == "cross":
         own = []
-    scores = score_own(learner, own, SETTINGS)
-    batch = build_learner_batch(learner, 0, own, cross, advantages_P_A_G, torch.tensor([1.0, 2.0]), scores)
+    batch = _batch(learner, own, cross, advantages_P_A_G, torch.tensor([1.0, 2.0]))
     meta = torch.device("meta")
     # what score_self leaves on a GPU: the learner's old and reference token log-probs on its device
     batch.old_logp_T = [None if t is None else t.to(meta) for t in batch.old_logp_T]
@@ -160,6 +172,7 @@ def test_every_tensor_a_loss_receives_sits_on_the_learner_device(pair, monkeypat
         raise _ReachedError
 
     monkeypatch.setattr(update_module, "token_logprobs", meta_logprobs)
+    monkeypatch.setattr(probe_module, "token_logprobs", meta_logprobs)
     monkeypatch.setitem(losses.POLICY_LOSSES, "hacpo", spy_loss)
     monkeypatch.setattr(update_module, "low_var_kl", spy_kl)
     optimizer = torch.optim.AdamW(learner.trainable_parameters(), lr=1e-3)
@@ -235,14 +248,13 @@ def test_plan_spreads_kept_rows_over_the_full_batch_update_count():
 
 
 def _update(learner, own, cross, advantages_P_A_G, settings, **batch_kwargs):
-    batch = build_learner_batch(
+    batch = _batch(
         learner,
-        0,
         own,
         cross,
         advantages_P_A_G,
         torch.tensor([1.0, 2.0]),
-        score_own(learner, own, settings),
+        settings=settings,
         skip_uniform_groups=settings.skip_uniform_groups,
         **batch_kwargs,
     )
@@ -260,7 +272,7 @@ def test_skip_uniform_groups_leaves_out_zero_advantage_prompts_and_keeps_the_upd
     left_out = torch.tensor([r.prompt_index == 1 for r in batch.rollouts])
     assert out.ratio_B[left_out].isnan().all() and not out.ratio_B[~left_out].isnan().any()
     assert batch.keep_B.tolist() == (~left_out).tolist() and out.n_updates == 2  # as without skipping
-    metrics = update_module.learner_metrics("char", ["char", "bpe"], batch, out, skipping=True)
+    metrics = learner_metrics("char", ["char", "bpe"], batch, out, skipping=True)
     assert metrics["adv/char/kept_frac"] == pytest.approx(int((~left_out).sum()) / len(batch))
     assert metrics["cost/char/trained_responses"] == int((~left_out).sum())
     assert any(not torch.equal(before[k], v) for k, v in learner.model.state_dict().items())
@@ -281,9 +293,9 @@ def test_skip_uniform_groups_with_nothing_to_skip_is_the_plain_update_bit_for_bi
 def test_bytes_normalization_puts_both_log_likelihoods_of_a_shared_text_per_byte(pair):
     learner, own, cross, advantages_P_A_G = pair
     scores = score_own(learner, own, SETTINGS)
-    by_tokens = build_learner_batch(learner, 0, own, cross, advantages_P_A_G, torch.ones(2), scores)
-    by_bytes = build_learner_batch(
-        learner, 0, own, cross, advantages_P_A_G, torch.ones(2), scores, ratio_normalization="bytes"
+    by_tokens = _batch(learner, own, cross, advantages_P_A_G, torch.ones(2), scores)
+    by_bytes = _batch(
+        learner, own, cross, advantages_P_A_G, torch.ones(2), scores, ratio_normalization="bytes"
     )
     n_own = len(own)
     assert (by_bytes.length_B[:n_own] == 0).all() and (by_tokens.length_B == 0).all()
@@ -297,7 +309,7 @@ def test_bytes_normalization_puts_both_log_likelihoods_of_a_shared_text_per_byte
     assert torch.isfinite(out.ratio_B).all()
     with pytest.raises(ValueError, match="ratio_normalization = 'chars' is not allowed"):
         build_learner_batch(
-            learner, 0, own, cross, advantages_P_A_G, torch.ones(2), scores, ratio_normalization="chars"
+            learner, 0, own, cross, advantages_P_A_G, torch.ones(2), ratio_normalization="chars"
         )
 
 
@@ -307,11 +319,10 @@ def test_symmetric_naive_gives_shared_answers_gradient_whatever_the_sign_of_thei
     (A < 0) partner answers alike. Against the source's old log-probs (plain Naive) it is not 1."""
     learner, own, cross, advantages_P_A_G = pair
     settings = UpdateSettings(loss="gspo", minibatch_size=12, micro_batch_size=4, cross_old_from_learner=True)
-    batch = build_learner_batch(
-        learner, 0, own, cross, advantages_P_A_G, torch.ones(2), score_own(learner, own, settings)
-    )
-    source_old_B = batch.old_logp_mean_B.clone()
-    update_module.score_cross(learner, batch, settings)
+    source_old_B = _batch(
+        learner, own, cross, advantages_P_A_G, torch.ones(2), settings=SETTINGS
+    ).old_logp_mean_B
+    batch = _batch(learner, own, cross, advantages_P_A_G, torch.ones(2), settings=settings)
     is_cross_B = ~batch.is_self_B
     assert not torch.equal(batch.old_logp_mean_B[is_cross_B], source_old_B[is_cross_B])
     signs = batch.advantages_B[is_cross_B].sign()
@@ -319,7 +330,8 @@ def test_symmetric_naive_gives_shared_answers_gradient_whatever_the_sign_of_thei
     rows = [r for mb in batch.plan(12, 12) for r in mb.micro_batches[0]]  # one micro-batch, mini-batch 0
     view = batch.tokens.select(rows)
     logp_B_T, mask_B_T = update_module.token_logprobs(learner, view, temperature=1.0)
-    loss, stats = losses.gspo_policy_loss(batch.policy_batch(rows, view, logp_B_T, mask_B_T, 0), LossParams())
+    inputs = scoring_module.policy_batch(batch, rows, view, logp_B_T, mask_B_T, 0)
+    loss, stats = losses.gspo_policy_loss(inputs, LossParams())
     assert torch.equal(stats.ratio_B, torch.ones(len(rows))) and not stats.clipped_B.any()
     grad_B_T = torch.autograd.grad(loss, logp_B_T)[0]
     advantages_B = batch.advantages_B[rows]
@@ -352,9 +364,7 @@ def _weights_after(learner_dir, own, cross, advantages_P_A_G, settings, forwarde
     linear in the gradients, so float rounding stays at its size (AdamW's normalization turns the rounding of
     a gradient entry that is 0 in exact arithmetic into a step of the learning rate)."""
     learner = load_agent(str(learner_dir))
-    batch = build_learner_batch(
-        learner, 0, own, cross, advantages_P_A_G, torch.tensor([1.0, 2.0]), score_own(learner, own, settings)
-    )
+    batch = _batch(learner, own, cross, advantages_P_A_G, torch.tensor([1.0, 2.0]), settings=settings)
     optimizer = torch.optim.SGD(learner.trainable_parameters(), lr=0.1, momentum=0.9)
     out = update_learner(learner, optimizer, batch, LossParams(), settings)
     if forwarded is not None:
@@ -412,15 +422,19 @@ def test_clipped_shared_rows_get_no_backward_pass_and_change_nothing(pair, char_
     (tolerance: weights 1e-5 relative, ratios 1e-5)."""
     _, own, cross, advantages_P_A_G = pair
     trained: list[int] = []
-    real = update_module._Step.backward
-    monkeypatch.setattr(
-        update_module._Step, "backward", lambda self, rows: trained.extend(rows) or real(self, rows)
-    )
+    real = update_module.policy_batch  # called once per trained micro-batch, with its rows
+
+    def recording(batch, rows, *args):
+        if torch.is_grad_enabled():
+            trained.extend(rows)
+        return real(batch, rows, *args)
+
+    monkeypatch.setattr(update_module, "policy_batch", recording)
     probing = _weights_after(char_agent_dir, own, cross, advantages_P_A_G, SETTINGS)
     clipped_B = probing[1].clipped_B == 1
     assert clipped_B[len(own) :].any() and not clipped_B[: len(own)].any()  # some shared rows are clipped
     assert sorted(trained) == [r for r in range(len(own) + len(cross)) if not clipped_B[r] or r < len(own)]
-    monkeypatch.setattr(update_module._Probes, "worth_it", lambda self: False)
+    monkeypatch.setattr(probe_module.ClippedRowProbe, "pays", lambda self: False)
     everything = _weights_after(char_agent_dir, own, cross, advantages_P_A_G, SETTINGS)
     _assert_same_update(probing, everything)
     for name in ("ratio_B", "lower_B", "upper_B", "clipped_B", "minibatch_B"):
@@ -428,9 +442,55 @@ def test_clipped_shared_rows_get_no_backward_pass_and_change_nothing(pair, char_
 
 
 def test_probing_stops_when_it_does_not_pay():
-    probes = update_module._Probes()
-    assert probes.worth_it()  # the first micro-batch with shared rows is probed
-    probes.count(10, 4)
-    assert probes.worth_it()  # 40% clipped: a no-grad pass (about 35% of a forward and backward) pays
-    probes.count(10, 2)
-    assert not probes.worth_it()  # 30%: no longer
+    probe = probe_module.ClippedRowProbe(None, None, None, None, 1.0)  # counts only: no model needed
+    assert probe.pays()  # the first micro-batch with shared rows is probed
+    probe.probed, probe.clipped = 10, 4
+    assert probe.pays()  # 40% clipped: a no-grad pass (about 35% of a forward and backward) pays
+    probe.probed, probe.clipped = 20, 6
+    assert not probe.pays()  # 30%: no longer
+
+
+def test_logged_loss_holds_the_rows_with_gradient_and_the_clipped_constant_apart(pair):
+    """``loss/`` is the loss of the rows that carry gradient, ``loss_clipped/`` the constant of the clipped
+    ones; together they are the update's mean mini-batch loss. Per source: advantage sums, the share of rows
+    with gradient (forwarded and inside the band) and the lengths, from the batch itself."""
+    learner, own, cross, advantages_P_A_G = pair
+    batch, out = _update(learner, own, cross, advantages_P_A_G, SETTINGS)
+    metrics = learner_metrics("char", ["char", "bpe"], batch, out)
+    total = sum(out.losses) / len(out.losses)
+    assert metrics["loss/char"] + metrics["loss_clipped/char"] == pytest.approx(total, abs=1e-6)
+    clipped_B = out.clipped_B == 1
+    assert clipped_B.any() and (~clipped_B & ~out.ratio_B.isnan()).any()  # both parts are exercised
+    assert metrics["loss_clipped/char"] != 0.0
+    for a, source in enumerate(["char", "bpe"]):
+        rows_B = batch.source_B == a
+        grad_B = rows_B & ~out.ratio_B.isnan() & ~clipped_B
+        prefix = f"adv_src/char/{source}"
+        assert metrics[f"{prefix}/sum"] == pytest.approx(batch.advantages_B[rows_B].sum().item())
+        assert metrics[f"{prefix}/mean"] == pytest.approx(batch.advantages_B[rows_B].mean().item())
+        weighted = (batch.advantages_B * batch.cross_coef_B)[grad_B].sum().item()
+        assert metrics[f"{prefix}/grad_sum"] == pytest.approx(weighted)
+        assert metrics[f"grad_frac/char/{source}"] == pytest.approx(grad_B.sum().item() / rows_B.sum().item())
+        lengths = batch.tokens.response_mask_B_T.sum(dim=-1)[rows_B].float().mean().item()
+        assert metrics[f"length/char/{source}"] == pytest.approx(lengths)
+
+
+def test_by_prompt_order_mixes_own_and_shared_rows_in_every_minibatch(pair):
+    """``batch_order: by_prompt`` (the authors' main branch): each mini-batch holds a prompt's own and shared
+    rows together, where ``own_first`` puts every shared row in the later mini-batches."""
+    learner, own, cross, advantages_P_A_G = pair
+    coef_A = torch.ones(2)
+    first = _batch(learner, own, cross, advantages_P_A_G, coef_A)
+    mixed = _batch(learner, own, cross, advantages_P_A_G, coef_A, batch_order="by_prompt")
+    size = SETTINGS.minibatch_size
+    plan_first = first.plan(size, SETTINGS.micro_batch_size)
+    plan_mixed = mixed.plan(size, SETTINGS.micro_batch_size)
+    rows = lambda mb: [r for micro in mb.micro_batches for r in micro]  # noqa: E731
+    assert any(not first.is_self_B[rows(mb)].any() for mb in plan_first)  # own-first: a shared-only one
+    for mb in plan_mixed:
+        selves = mixed.is_self_B[rows(mb)]
+        assert selves.any() and not selves.all()
+    prompts = [mixed.rollouts[r].prompt_index for mb in plan_mixed for r in rows(mb)]
+    assert prompts == sorted(prompts)  # prompt after prompt
+    with pytest.raises(ValueError, match="batch_order"):
+        build_learner_batch(learner, 0, own, cross, advantages_P_A_G, coef_A, batch_order="shuffled")

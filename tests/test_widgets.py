@@ -161,3 +161,10 @@ def test_monitor_skips_malformed_records_without_raising():
     assert monitor.records == [] and monitor.run == "next"
     with pytest.raises(ValueError, match="redraw_every = 0"):
         RunMonitor(redraw_every=0)
+
+
+def test_the_panel_handles_three_agents():
+    panel = TuningPanel(agents=["a", "b", "c"], accuracies=[0.25, 0.5, 0.75])
+    for learner, source in (("a", "b"), ("a", "c"), ("c", "b")):
+        assert f"{learner} ← {source}" in panel.chart.value
+    assert all(name in panel.tables.value for name in ("a", "b", "c"))

@@ -10,10 +10,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from workbench.agents.loading import load_agent
-from workbench.agents.rollout import generate
-from workbench.agents.tiny_tokenizers import build_tokenizer
-from workbench.agents.zoo import (
+from workbench.agents.generation.rollout import generate
+from workbench.agents.models.loading import load_agent
+from workbench.agents.models.tiny_tokenizers import build_tokenizer
+from workbench.agents.models.zoo import (
     TINY_PRESETS,
     ZOO_PAIRS,
     build_tiny,
