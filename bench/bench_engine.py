@@ -6,8 +6,9 @@ merging changes the weights), for the compiled and then the eager server (one at
 of RAM): its start-up, then ``--reps`` rounds calling the hf loop and the server in turn on the same prompts
 (``--prompts`` × G samples at temperature 1, the recipe's length cap), each followed by a `VLLMEngine.sync`
 (writing the merged policy and reloading it). Prints medians of generated tokens per second, the ratios to the
-hf loop, the start-ups and the median sync time. Needs the engine environment (``make engine``; without it,
-it says so and exits).
+hf loop, the start-ups, the median sync time and the per-token gap between vLLM's log-probs of its samples and
+the trainer's scoring pass (mean and max over every sampled token). Needs the engine environment
+(``make engine``; without it, it says so and exits).
 
     OMP_NUM_THREADS=2 .venv/bin/python bench/bench_engine.py [--prompts 8] [--reps 3] [--agents gemma3]
 """
@@ -29,12 +30,14 @@ from workbench.agents.models.loading import load_agent
 from workbench.config.loading import load_experiment
 from workbench.core.paths import PROJECT_ROOT
 from workbench.tasks.arithmetic import embedded_task
+from workbench.train.batches import UpdateSettings
+from workbench.train.scoring import sampler_log_ratios, score_own
 
 
-def _rate(sample, *args, **kwargs) -> float:
+def _rate(sample, *args, **kwargs) -> tuple[float, list]:
     start = time.perf_counter()
     rollouts = sample(*args, **kwargs)
-    return sum(len(r.response_ids) for r in rollouts) / (time.perf_counter() - start)
+    return sum(len(r.response_ids) for r in rollouts) / (time.perf_counter() - start), rollouts
 
 
 def main() -> None:
@@ -57,8 +60,8 @@ def main() -> None:
         f"threads {threads}; load average {os.getloadavg()[0]:.1f}; {args.prompts} prompts x G {t.group_size}"
     )
     columns = ["agent", "hf tok/s", "vLLM tok/s", "vLLM eager tok/s", "vLLM / hf", "eager / hf", "start"]
-    print("| " + " | ".join([*columns, "start eager", "sync"]) + " |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| " + " | ".join([*columns, "start eager", "sync", "gap mean", "gap max"]) + " |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for spec in [a for a in cfg.agents if not args.agents or a.name in args.agents]:
         agent = load_agent(spec)
         with torch.no_grad():
@@ -67,24 +70,28 @@ def main() -> None:
                     param.normal_(0.0, 1e-3)
         kwargs = dict(temperature=t.temperature, top_p=t.top_p, max_new_tokens=t.max_new_tokens, author=0)
         rates: dict[str, list[float]] = {"hf": [], "vllm": [], "eager": []}
-        starts, syncs = {}, []
+        starts, syncs, gaps = {}, [], []
         for key, eager in (("vllm", False), ("eager", True)):  # one server at a time: each holds GBs of RAM
             began = time.perf_counter()
             engine = VLLMEngine(agent, python, enforce_eager=eager, threads=threads).start()
             starts[eager] = time.perf_counter() - began
             try:
                 for rep in range(args.reps):  # the built-in loop and the server in turn, same prompts, seed
-                    rates["hf"].append(_rate(generate, agent, prompts, t.group_size, seed=rep, **kwargs))
-                    rates[key].append(_rate(engine.generate, prompts, t.group_size, seed=rep, **kwargs))
+                    rates["hf"].append(_rate(generate, agent, prompts, t.group_size, seed=rep, **kwargs)[0])
+                    rate, rollouts = _rate(engine.generate, prompts, t.group_size, seed=rep, **kwargs)
+                    rates[key].append(rate)
+                    scores = score_own(agent, rollouts, UpdateSettings(temperature=t.temperature))
+                    gaps.extend(sampler_log_ratios(rollouts, scores))
                     engine.sync()
                     syncs.append(engine.sync_seconds)
             finally:
                 engine.close()
         hf, vllm, eager_rate = (statistics.median(rates[k]) for k in ("hf", "vllm", "eager"))
+        gap_T = torch.cat(gaps).abs()
         print(
             f"| {agent.name} | {hf:.0f} | {vllm:.0f} | {eager_rate:.0f} | {vllm / hf:.2f} "
             f"| {eager_rate / hf:.2f} | {starts[False]:.0f} s | {starts[True]:.0f} s "
-            f"| {statistics.median(syncs):.2f} s |",
+            f"| {statistics.median(syncs):.2f} s | {float(gap_T.mean()):.2e} | {float(gap_T.max()):.2e} |",
             flush=True,
         )
     print(f"load average {os.getloadavg()[0]:.1f}")

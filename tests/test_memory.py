@@ -11,9 +11,11 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from workbench.__main__ import main
 from workbench.agents.plan.memory import (
     CPU_MAX_ROWS,
+    ENGINE_RUNTIME_BYTES,
     NF4_BYTES_PER_PARAM,
     ModelDims,
     agent_memory,
+    engine_bytes,
     generation_row_bytes,
     generation_rows,
     rows_within,
@@ -24,7 +26,7 @@ from workbench.config.agent_spec import AgentSpec
 from workbench.config.experiment import from_dict
 from workbench.config.loading import load_experiment
 from workbench.core.paths import project_path
-from workbench.train.plan import AgentFacts, micro_batch_rows, plan_experiment
+from workbench.train.plan import AgentFacts, micro_batch_rows, plan_experiment, render
 from workbench.train.rundir import RunWriter, create_run_dir
 from workbench.train.trainer import start_trainer
 
@@ -161,6 +163,29 @@ def test_the_qwen3_recipe_plan_fits_every_phase_in_its_budget():
     # 64 greedy rows at 2,048 new tokens would not fit a 24 GiB card next to the two models
     row = generation_row_bytes(small.agents[0].dims, 2, 256, 2048, sampled=False)
     assert 64 * row > small.agents[0].budget
+
+
+def test_the_vllm_servers_are_taken_off_the_device_before_the_budgets_are_shared():
+    full = ("agents.0.quantization=none", "agents.1.quantization=none", "executor=threads")
+    hf, vllm = _recipe_plan(80, *full), _recipe_plan(80, *full, "train.engine=vllm", "train.engine_kv_gib=4")
+    params = [Inventory.from_config(a.facts.config).params for a in vllm.agents]
+    servers = sum(engine_bytes(Inventory.from_config(a.facts.config), "cuda", 4 * GiB) for a in vllm.agents)
+    # each server: its weights in fp32, 4 GiB of KV cache and its runtime
+    assert servers == 4 * sum(params) + 2 * (4 * GiB + ENGINE_RUNTIME_BYTES["cuda"])
+    before, after = hf.devices["cuda:0"], vllm.devices["cuda:0"]
+    assert after["engine"] == servers and before["engine"] == 0
+    assert after["budget"] == before["budget"] - servers // 2  # threads: two agents share what is left
+    assert after["peak"] - after["engine"] <= before["peak"]
+    for agent in vllm.agents:  # the trainer samples nothing itself
+        assert agent.phases["generate"] == 0 and agent.phases["kv_rollout"] == 0
+    assert all(a.phases["eval"] > 0 for a in vllm.agents)  # evaluation stays the trainer's
+    facts = [a.facts for a in vllm.agents]
+    cfg = load_experiment(
+        project_path("experiments/gpu/qwen3-1.7b-base_qwen3-4b-base.yaml"),
+        [*full, "train.engine=vllm", "train.engine_kv_gib=4"],
+    )
+    text = render(plan_experiment(cfg, facts), cfg)
+    assert "vLLM servers" in text and "| vLLM server |" in text and "by its vLLM server" in text
 
 
 def test_micro_batches_cut_by_tokens_shrink_the_planned_update():

@@ -1,6 +1,7 @@
 """A learner's update and its worker: micro-batch plan, the one no-grad pass, devices, engine interface."""
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -238,6 +239,62 @@ def test_an_engine_that_breaks_the_contract_is_named(char_agent_dir):
     )
     with pytest.raises(ValueError, match="rollout 3: prompt or prompt_ids"):
         worker.rollout(RolloutRequest(PROMPTS, 2, seed=0))
+
+
+class OffsetEngine(ScriptedEngine):
+    """Reports sampler log-probs that sit a known distance below the trainer's: 0.1 nats a token on a
+    prompt's first answer, 0.3 on its second."""
+
+    def generate(self, *args, **kwargs):
+        rollouts = super().generate(*args, **kwargs)
+        scored = [dataclasses.replace(r) for r in rollouts]
+        scores = score_own(
+            self.agent, scored, dataclasses.replace(SETTINGS, temperature=kwargs["temperature"])
+        )
+        for i, row in enumerate(scores.rows):
+            r = rollouts[row]
+            trainer_T = scores.logp_T[i][-len(r.response_ids) :]
+            r.sampler_logp_T = (trainer_T - (0.1, 0.3)[r.index]).tolist()
+        return rollouts
+
+
+def _offset_worker(char_agent_dir, cap):
+    settings = dataclasses.replace(_worker_settings(), engine_is_cap=cap)
+    worker = AgentWorker(
+        AgentSpec(str(char_agent_dir), name="char"), 0, ["char"], settings, engine=OffsetEngine
+    )
+    worker.rollout(RolloutRequest(PROMPTS, 2, seed=0))
+    advantages_P_A_G = torch.linspace(-1, 1, len(PROMPTS) * 2).reshape(len(PROMPTS), 1, 2)
+    return worker.update(UpdateRequest([], advantages_P_A_G, torch.ones(1), where="test"))
+
+
+def test_the_sampler_trainer_gap_is_logged_and_the_truncated_correction_weights_own_rows(char_agent_dir):
+    plain = _offset_worker(char_agent_dir, cap=None)
+    assert plain.metrics["engine/char/logp_gap_max"] == pytest.approx(0.3, abs=1e-5)
+    tokens_G = [len(str(p + g)) + 1 for p in range(len(PROMPTS)) for g in range(2)]  # the text and EOS
+    expected = sum(n * (0.1, 0.3)[i % 2] for i, n in enumerate(tokens_G)) / sum(tokens_G)
+    assert plain.metrics["engine/char/logp_gap_mean"] == pytest.approx(expected, abs=1e-5)
+    assert "engine/char/is_weight_mean" not in plain.metrics  # off by default
+    # cap 1.2: rows 0.1 nats a token apart weigh e^0.1, those 0.3 apart e^0.3 > 1.2, so 1.2
+    capped = _offset_worker(char_agent_dir, cap=1.2)
+    assert capped.metrics["engine/char/is_truncated_frac"] == pytest.approx(0.5)
+    assert capped.metrics["engine/char/is_weight_mean"] == pytest.approx((math.exp(0.1) + 1.2) / 2, abs=1e-4)
+    for rid, row in plain.samples.items():
+        weight = (math.exp(0.1), 1.2)[rid.index]
+        assert capped.samples[rid]["advantage"] == pytest.approx(row["advantage"] * weight, abs=1e-5)
+
+
+def test_sampler_log_ratios_need_one_sampler_value_per_response_token(char_agent):
+    rollouts = generate(char_agent, PROMPTS[:1], n=2, seed=0, max_new_tokens=4, author=0)
+    scores = score_own(char_agent, rollouts, SETTINGS)
+    assert scoring_module.sampler_log_ratios(rollouts, scores) is None  # the built-in loop reports none
+    for r in rollouts:
+        r.sampler_logp_T = [0.0] * len(r.response_ids)
+    gaps = scoring_module.sampler_log_ratios(rollouts, scores)
+    assert [g.numel() for g in gaps] == [len(r.response_ids) for r in rollouts]
+    rollouts[1].sampler_logp_T = rollouts[1].sampler_logp_T[1:]
+    with pytest.raises(ValueError, match=r"rollout 0/0/1: \d+ sampler log-probs for"):
+        scoring_module.sampler_log_ratios(rollouts, scores)
 
 
 def test_plan_spreads_kept_rows_over_the_full_batch_update_count():

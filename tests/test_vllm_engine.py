@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 import os
 import signal
 import time
@@ -22,6 +23,8 @@ from workbench.agents.generation.engine import check_rollouts
 from workbench.agents.generation.rollout import generate
 from workbench.agents.generation.vllm_engine import EngineError, VLLMEngine, engine_python
 from workbench.agents.models.loading import load_agent
+from workbench.train.batches import UpdateSettings
+from workbench.train.scoring import sampler_log_ratios, score_own
 
 
 def _engine_python():
@@ -147,6 +150,25 @@ def test_sampled_rollouts_follow_the_engine_contract_and_the_seed(engine, lora_s
     assert len({tuple(r.response_ids) for r in first}) > 3  # samples, not 12 copies of one answer
 
 
+GAP_MEAN_BOUND, GAP_MAX_BOUND = 0.01, 0.2
+"""Nats a token between vLLM's log-probs of its sampled tokens and the trainer's (fp32 both on CPU; measured
+on SmolLM2-135M: mean ≈ MEAN, max ≈ MAX; ``docs/engine.md``)."""
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+def test_the_engines_log_probs_of_its_samples_are_the_trainers_within_a_stated_bound(engine, lora_smollm2):
+    kwargs = dict(temperature=1.0, top_p=1.0, max_new_tokens=24, author=0, seed=3)
+    rollouts = engine.generate(PROMPTS[:6], 4, **kwargs)
+    scores = score_own(lora_smollm2, rollouts, UpdateSettings(temperature=1.0))
+    gaps_T = torch.cat(sampler_log_ratios(rollouts, scores)).abs()
+    assert gaps_T.numel() > 6 * 4, "the samples need tokens"
+    assert float(gaps_T.mean()) < GAP_MEAN_BOUND and float(gaps_T.max()) < GAP_MAX_BOUND, (
+        float(gaps_T.mean()),
+        float(gaps_T.max()),
+    )
+
+
 @pytest.mark.engine
 @pytest.mark.slow
 def test_a_killed_server_is_a_named_error_and_close_removes_everything(engine_env, lora_smollm2):
@@ -218,6 +240,11 @@ def test_a_hacpo_run_of_the_real_pair_samples_with_the_engine_and_resumes_after_
     straight = train(yaml_path, overrides=[*_real_pair_overrides(tmp_path / "straight"), "seeds=[0]"])
     assert (straight / "DONE").exists()
     assert no_servers_left(), run_servers()
+    logged = [json.loads(line) for line in (straight / "metrics.jsonl").read_text().splitlines()]
+    trained = [row for row in logged if row["step"] >= 1]
+    for name in ("smollm2", "gemma3"):  # the sampler/trainer gap of every agent, every step
+        gaps = [row[f"engine/{name}/logp_gap_mean"] for row in trained]
+        assert len(gaps) == len(trained) and all(0 <= g < 1 for g in gaps), (name, gaps)
 
     def kill_smollm2_server(metrics):
         if metrics.get("step") == 1:

@@ -143,6 +143,8 @@ ADDED_DEFAULTS: dict[tuple[str, str], Any] = {
     ("train", "mask_truncated"): False,
     ("train", "engine"): "hf",
     ("train", "engine_eager"): False,
+    ("train", "engine_kv_gib"): 1.0,
+    ("train", "engine_is_cap"): None,
 }
 """Section keys added after runs were committed, with the value that reproduces those runs: left out of
 `config_hash` at that value, so a config written before the key existed hashes as it did."""

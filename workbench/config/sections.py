@@ -204,6 +204,13 @@ class TrainConfig:
     engine_eager: bool = False
     """With ``engine: vllm``: skip vLLM's compilation (a server starts in ≈ 45 s instead of ≈ 2 min on 2
     CPU cores; sampling speed: ``docs/engine.md``)."""
+    engine_kv_gib: float = 1.0
+    """With ``engine: vllm``: the KV cache of each agent's server, GiB (``VLLM_CPU_KVCACHE_SPACE`` on CPU,
+    ``--kv-cache-memory-bytes`` on a GPU); the memory plan counts it with the server's weights and runtime."""
+    engine_is_cap: float | None = None
+    """With ``engine: vllm``: truncated importance sampling for the sampler/trainer mismatch, each own row's
+    loss weighted by min(exp(mean log π_train/π_vLLM), this cap)
+    (`workbench.core.losses.truncated_sampler_weights`); null = off (the measured gap: ``docs/engine.md``)."""
     compile_decode: bool = False
     """Run the rollout decode step under ``torch.compile`` (CUDA graphs on GPU, mode ``reduce-overhead``) over
     a static KV cache: rows stay in the batch until all have finished."""
@@ -223,6 +230,9 @@ class TrainConfig:
             f"must divide train.prompts_per_step = {self.prompts_per_step}",
         )
         require(self.engine in ENGINES, "train.engine", self.engine, f"one of {list(ENGINES)}")
+        require(self.engine_kv_gib > 0, "train.engine_kv_gib", self.engine_kv_gib, "> 0")
+        cap = self.engine_is_cap
+        require(cap is None or cap >= 1, "train.engine_is_cap", cap, ">= 1 or null (off)")
         require(self.micro_batch_size >= 1, "train.micro_batch_size", self.micro_batch_size, ">= 1")
         mbt = self.micro_batch_tokens
         require(mbt is None or mbt >= 1, "train.micro_batch_tokens", mbt, ">= 1 or null")

@@ -32,6 +32,7 @@ __all__ = [
     "masked_mean_logp",
     "sequence_ratio",
     "stepwise_lower_bound",
+    "truncated_sampler_weights",
 ]
 
 
@@ -216,6 +217,32 @@ def length_normalized_logp(
     total_B = torch.where(mask_B_T > 0, logp_B_T, torch.zeros_like(logp_B_T)).sum(dim=-1)
     count_B = torch.where(length_B > 0, length_B.to(total_B.dtype), mask_B_T.sum(dim=-1))
     return total_B / count_B.clamp_min(1.0)
+
+
+def truncated_sampler_weights(
+    log_ratio_mean_B: torch.Tensor, cap: float
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Truncated importance sampling for a sampler that is not the trained model (vLLM): each own row's loss
+    weight ``w_i = min(exp(mean_t log π_train(y_t) / π_sampler(y_t)), cap)``.
+
+    The ratio is the sequence's geometric mean over its tokens, GSPO's length-normalized form (TRL's
+    ``vllm_importance_sampling_correction`` uses the token or the summed sequence ratio): ours, beyond the
+    paper.
+
+    Args:
+        log_ratio_mean_B: Per row, the mean over its response tokens of trainer − sampler log-probs.
+        cap: The truncation C ≥ 1.
+
+    Returns:
+        ``(w_B, metrics)``; metrics: ``is_weight_mean`` and ``truncated_frac`` (rows at the cap).
+    """
+    ratio_B = log_ratio_mean_B.double().exp()
+    weight_B = ratio_B.clamp(max=cap).float()
+    metrics = {
+        "is_weight_mean": float(weight_B.mean()) if weight_B.numel() else 1.0,
+        "truncated_frac": float((ratio_B > cap).double().mean()) if ratio_B.numel() else 0.0,
+    }
+    return weight_B, metrics
 
 
 def _ratio(batch: PolicyBatch, params: LossParams) -> torch.Tensor:

@@ -90,6 +90,9 @@ class Rollout:
         old_logp_sum: Sum of the author's old-policy token log-probs over ``response_ids``.
         old_logp_count: Number of tokens in that sum (``len(response_ids)``).
         grade_reason: Why the grader gave that reward (``"correct"``, ``"wrong"``, ``"no_answer"``...).
+        sampler_logp_T: The sampling engine's own log-probs of ``response_ids`` (vLLM's, after temperature and
+            top-p), one per token; None where the trained model sampled them itself (the built-in loop).
+            Only measures the sampler/trainer gap: old log-probs are always the trainer's.
     """
 
     prompt_index: int
@@ -104,6 +107,7 @@ class Rollout:
     old_logp_sum: float = math.nan
     old_logp_count: int = 0
     grade_reason: str = ""
+    sampler_logp_T: list[float] | None = None
 
     @property
     def id(self) -> RolloutId:

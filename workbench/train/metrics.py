@@ -15,6 +15,9 @@ shared row, its ratio lay inside [lb_m, 1] (Eqs. 13-14).
 | ``grad_frac/<learner>/<source>`` | share of the source's rows that carry gradient |
 | ``length/<learner>/<source>`` | mean response length of the source's rows, in the learner's tokens |
 | ``is/<learner>/<source>/…``, ``is_mb/…`` | sequence ratios and clip (own) or in-band (shared) shares |
+| ``engine/<agent>/logp_gap_mean``, ``/…_max`` | trainer − sampler (vLLM) log-prob of a token, absolute |
+| ``engine/<agent>/is_weight_mean``, ``/…_frac`` | truncated IS correction (``train.engine_is_cap``) |
+| ``engine/<agent>/sync_s`` | seconds to write and reload the policy into its vLLM server |
 """
 
 from __future__ import annotations
@@ -28,7 +31,24 @@ from workbench.train.batches import LearnerBatch
 from workbench.train.exchange import SharedRollout, UpdateReport
 from workbench.train.update import LearnerUpdate
 
-__all__ = ["learner_metrics", "omega_metrics", "sample_rows", "split_loss", "step_metrics"]
+__all__ = ["engine_metrics", "learner_metrics", "omega_metrics", "sample_rows", "split_loss", "step_metrics"]
+
+
+def engine_metrics(
+    name: str, gaps: list[torch.Tensor], correction: dict[str, float] | None, sync_seconds: float
+) -> dict[str, float]:
+    """The sampler/trainer gap of an agent's own rows (`workbench.train.scoring.sampler_log_ratios`), the
+    truncated IS correction's figures where it ran, and the last policy sync's wall time."""
+    every_T = torch.cat(gaps).abs() if gaps else torch.zeros(0, dtype=torch.float64)
+    metrics = {
+        f"engine/{name}/logp_gap_mean": float(every_T.mean()) if every_T.numel() else 0.0,
+        f"engine/{name}/logp_gap_max": float(every_T.max()) if every_T.numel() else 0.0,
+        f"engine/{name}/sync_s": sync_seconds,
+    }
+    if correction is not None:
+        metrics[f"engine/{name}/is_weight_mean"] = correction["is_weight_mean"]
+        metrics[f"engine/{name}/is_truncated_frac"] = correction["truncated_frac"]
+    return metrics
 
 
 def split_loss(update: LearnerUpdate) -> tuple[float, float]:

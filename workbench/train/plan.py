@@ -13,6 +13,10 @@ An update or scoring micro-batch counts ``train.micro_batch_size`` full-length s
 ``train.micro_batch_tokens`` cuts it (`micro_batch_rows`); packed micro-batches (no padding, shared prompts
 once: `workbench.agents.forward.packing`) hold fewer tokens than that, so the plan errs on the safe side.
 
+With ``train.engine: vllm`` every agent's rollouts come from its own vLLM server on the agent's device: the
+server's weights, KV cache (``train.engine_kv_gib``) and runtime (`workbench.agents.plan.memory.engine_bytes`)
+are taken off that device before the budgets are shared out, and the trainer's generation phase is empty.
+
 Times are estimates for CUDA from three device constants (`SPEEDS`): sustained matmul FLOP/s, memory
 bandwidth, and the cost of one eager op (kernel launch + Python dispatch); a decode step costs the largest.
 None of them is measured on a GPU yet; on CPU the constants are not calibrated and no times are printed.
@@ -31,6 +35,7 @@ from workbench.agents.plan.memory import (
     ModelDims,
     agent_memory,
     element_bytes,
+    engine_bytes,
     generation_row_bytes,
     rows_within,
     runtime_bytes,
@@ -164,6 +169,8 @@ def _phases(
         dims, act, micro, tokens, new, checkpointing=spec.gradient_checkpointing, trained=trained
     )
     score = scoring_bytes(dims, act, micro, tokens) + mem.dequantize
+    if t.engine == "vllm":  # the agent's server samples: the trainer holds no rollout batch
+        rollout, per_row = 0, 0
     phases = {
         "generate": rollout * per_row + mem.dequantize,
         "kv_rollout": rollout * dims.kv_bytes(prompt + new, act),
@@ -185,7 +192,7 @@ def _seconds(
     t, speed = cfg.train, SPEEDS[facts.device_type]
     dims = ModelDims.from_config(facts.config)
     weights_read = inv.params * (2 if facts.device_type == "cuda" else 4)
-    batches = math.ceil(needed / rows)
+    batches = math.ceil(needed / max(rows, 1))  # rows 0: a vLLM server samples (its speed is not estimated)
     adapted = len(inv.matching(spec.lora.target_modules)) / dims.layers if spec.lora else 0
     step = max(
         dims.layers * (OPS_PER_LAYER + OPS_PER_ADAPTER * adapted) * speed.op_seconds,
@@ -194,8 +201,8 @@ def _seconds(
     )
     tokens = needed * (facts.prompt_tokens + t.max_new_tokens)
     return {
-        "generate_s": batches * t.max_new_tokens * step,
-        "decode_tok_s": rows / step,
+        "generate_s": batches * t.max_new_tokens * step if rows else math.nan,
+        "decode_tok_s": rows / step if rows else math.nan,
         "score_s": 2 * inv.params * tokens / speed.flops,
         "update_s": 6 * inv.params * tokens * (1 + cfg.step_method.shares_rollouts) / speed.flops,
     }
@@ -221,16 +228,23 @@ def plan_experiment(cfg: ExperimentConfig, facts: list[AgentFacts]) -> Experimen
         )
         for spec, inv, f in zip(cfg.agents, inventories, facts)
     ]
+    kv_cache = int(cfg.train.engine_kv_gib * 2**30)
+    engines = [
+        engine_bytes(inv, f.device_type, kv_cache) if cfg.train.engine == "vllm" else 0
+        for inv, f in zip(inventories, facts)
+    ]
     devices: dict[str, dict[str, int]] = {}
-    for f, mem in zip(facts, memories):
-        d = devices.setdefault(f.device, {"total": f.device_memory, "agents": 0, "resident": 0})
+    for f, mem, engine in zip(facts, memories, engines):
+        d = devices.setdefault(f.device, {"total": f.device_memory, "agents": 0, "resident": 0, "engine": 0})
         d["agents"] += 1
         d["resident"] += mem.resident
+        d["engine"] += engine
     for name, d in devices.items():
         processes = d["agents"] if parallel else 1
         d["usable"] = int(d["total"] * fraction)
         d["runtime"] = runtime_bytes(name.split(":")[0]) * processes
-        d["budget"] = (d["usable"] - d["runtime"] - d["resident"]) // (d["agents"] if parallel else 1)
+        free = d["usable"] - d["runtime"] - d["resident"] - d["engine"]
+        d["budget"] = free // (d["agents"] if parallel else 1)
     plans, warnings = [], []
     for spec, f, inv, mem in zip(cfg.agents, facts, inventories, memories):
         dims, d = ModelDims.from_config(f.config), devices[f.device]
@@ -257,6 +271,7 @@ def plan_experiment(cfg: ExperimentConfig, facts: list[AgentFacts]) -> Experimen
         d["peak"] = (
             d["runtime"]
             + d["resident"]
+            + d["engine"]
             + _transient_peak([p for p in plans if p.facts.device == name], parallel)
         )
     return ExperimentPlan(plans, devices, warnings)
@@ -334,9 +349,10 @@ def render(plan: ExperimentPlan, cfg: ExperimentConfig) -> str:
         m, ph = p.memory, p.phases
         sampled = p.eval_sampled_rows if t.eval_samples else "—"
         eval_rows, kv_eval = (f"{p.eval_rows} / {sampled}", _gib(ph["kv_eval"])) if evaluates else ("—", "—")
+        rollout = "vLLM server" if t.engine == "vllm" else f"{p.rollout_rows} of {p.rollout_needed}"
         lines.append(
             f"| {p.name} | {p.facts.device} | {_gib(m.weights)} | {_gib(m.adapters)} | {_gib(m.optimizer)} "
-            f"| {_gib(m.reference)} | {p.rollout_rows} of {p.rollout_needed} | {_gib(ph['kv_rollout'])} "
+            f"| {_gib(m.reference)} | {rollout} | {_gib(ph['kv_rollout'])} "
             f"| {eval_rows} | {kv_eval} | {_gib(ph['activations'])} | {_gib(ph['logits'])} "
             f"| {_gib(m.gradients)} |"
         )
@@ -344,16 +360,23 @@ def render(plan: ExperimentPlan, cfg: ExperimentConfig) -> str:
     for name, d in plan.devices.items():
         lines.append(
             f"- {name}: {_gib(d['total'])} x {t.memory_fraction} = {_gib(d['usable'])} usable; runtime "
-            f"{_gib(d['runtime'])}, resident {_gib(d['resident'])}, transient budget per agent "
+            f"{_gib(d['runtime'])}, resident {_gib(d['resident'])}"
+            + (f", vLLM servers {_gib(d['engine'])}" if d["engine"] else "")
+            + ", transient budget per agent "
             f"{_gib(d['budget'])}; predicted peak {_gib(d['peak'])}"
         )
     for p in plan.agents:
         phases = ", ".join(f"{k} {_gib(p.phases[k])}" for k in ("generate", "eval", "score", "update"))
         s, times = p.seconds, ""
         if p.facts.device_type == "cuda":  # the CPU constants are not calibrated: no CPU times are printed
+            generate = (
+                "by its vLLM server (not estimated)"
+                if t.engine == "vllm"
+                else f"{s['generate_s']:.1f} s ({s['decode_tok_s']:.0f} tok/s)"
+            )
             times = (
-                f"; time per step (estimate, `SPEEDS`) generate {s['generate_s']:.1f} s "
-                f"({s['decode_tok_s']:.0f} tok/s), score {s['score_s']:.1f} s, update {s['update_s']:.1f} s"
+                f"; time per step (estimate, `SPEEDS`) generate {generate}, score {s['score_s']:.1f} s, "
+                f"update {s['update_s']:.1f} s"
             )
         lines.append(f"- {p.name}: transient peaks {phases}{times}")
     lines += [f"- WARNING: {w}" for w in plan.warnings]

@@ -32,7 +32,15 @@ from workbench.core.progress import ticking
 from workbench.core.types import Rollout
 from workbench.train.batches import LearnerBatch, UpdateSettings, plan_micro_batches, update_plan
 
-__all__ = ["OldScores", "policy_batch", "score_cross", "score_own", "score_self", "set_old_policy"]
+__all__ = [
+    "OldScores",
+    "policy_batch",
+    "sampler_log_ratios",
+    "score_cross",
+    "score_own",
+    "score_self",
+    "set_old_policy",
+]
 
 
 @dataclass
@@ -129,6 +137,30 @@ def score_own(agent: Agent, rollouts: list[Rollout], settings: UpdateSettings) -
     for rollout, total, count in zip(rollouts, scores.sums, scores.counts):
         rollout.old_logp_sum, rollout.old_logp_count = total, count
     return scores
+
+
+def sampler_log_ratios(rollouts: list[Rollout], scores: OldScores) -> list[torch.Tensor] | None:
+    """Per scored row (in ``scores.rows`` order), trainer − sampler log-prob of each response token, float64
+    on CPU: how far the engine that sampled the rows (``Rollout.sampler_logp_T``) is from the trainer's own
+    scoring pass. None when the engine reported no log-probs (the built-in loop samples with the trained
+    model).
+
+    Raises:
+        ValueError: A row's sampler log-probs do not cover its response tokens one to one.
+    """
+    if not rollouts or any(r.sampler_logp_T is None for r in rollouts):
+        return None
+    gaps = []
+    for i, row in enumerate(scores.rows):
+        rollout, n = rollouts[row], len(rollouts[row].response_ids)
+        sampler_T = torch.tensor(rollout.sampler_logp_T, dtype=torch.float64)
+        if sampler_T.numel() != n:
+            raise ValueError(
+                f"rollout {rollout.id}: {sampler_T.numel()} sampler log-probs for {n} response tokens"
+            )
+        trainer_T = scores.logp_T[i][scores.logp_T[i].numel() - n :].detach().double().cpu()
+        gaps.append(trainer_T - sampler_T)
+    return gaps
 
 
 def score_cross(agent: Agent, batch: LearnerBatch, settings: UpdateSettings) -> OldScores:

@@ -35,7 +35,7 @@ from workbench.agents.models.schedules import lr_scheduler
 from workbench.agents.plan.memory import device_key, device_memory
 from workbench.config.agent_spec import AgentSpec
 from workbench.config.experiment import ExperimentConfig
-from workbench.core.losses import LossParams
+from workbench.core.losses import LossParams, truncated_sampler_weights
 from workbench.core.types import Rollout
 from workbench.train.batches import UpdateSettings, build_learner_batch
 from workbench.train.evaluate import evaluate
@@ -50,9 +50,9 @@ from workbench.train.exchange import (
     as_cross_rollout,
     share,
 )
-from workbench.train.metrics import learner_metrics
+from workbench.train.metrics import engine_metrics, learner_metrics
 from workbench.train.plan import AgentFacts
-from workbench.train.scoring import OldScores, score_own, set_old_policy
+from workbench.train.scoring import OldScores, sampler_log_ratios, score_own, set_old_policy
 from workbench.train.update import update_learner
 
 __all__ = ["AgentWorker", "WorkerArgs", "WorkerSettings"]
@@ -91,6 +91,10 @@ class WorkerSettings:
     """With ``vllm``: the engine environment's interpreter (checked before any model loads)."""
     engine_eager: bool = False
     """With ``vllm``: skip vLLM's compilation."""
+    engine_kv_gib: float = 1.0
+    """With ``vllm``: the KV cache of the agent's server, GiB."""
+    engine_is_cap: float | None = None
+    """With ``vllm``: the truncation of the sampler/trainer importance weight of own rows; None = off."""
     lr_schedule: str = "constant"
     """Learning-rate schedule (``agents[i].lr_schedule`` overrides it for one agent)."""
     warmup: int = 0
@@ -135,6 +139,8 @@ class WorkerSettings:
             engine=t.engine,
             engine_python=str(engine_python()) if t.engine == "vllm" else "",
             engine_eager=t.engine_eager,
+            engine_kv_gib=t.engine_kv_gib,
+            engine_is_cap=t.engine_is_cap,
             lr_schedule=t.lr_schedule,
             warmup=t.warmup,
             steps=t.steps,
@@ -220,6 +226,7 @@ class AgentWorker:
                 Path(settings.engine_python),
                 enforce_eager=settings.engine_eager,
                 threads=torch.get_num_threads(),
+                kv_cache_bytes=int(settings.engine_kv_gib * 2**30),
             )
         return TransformersEngine(self.agent, compile_decode=settings.compile_decode)
 
@@ -313,6 +320,12 @@ class AgentWorker:
         lr = self.optimizer.param_groups[0]["lr"]
         with precision(self.agent):
             set_old_policy(self.agent, batch, own_scores, t)
+            gaps = sampler_log_ratios(self._own, own_scores)
+            correction = None
+            if gaps is not None and self.settings.engine_is_cap is not None:  # truncated IS on own rows
+                mean_B = torch.stack([g.mean() if g.numel() else g.new_zeros(()) for g in gaps])
+                weight_B, correction = truncated_sampler_weights(mean_B, self.settings.engine_is_cap)
+                batch.advantages_B[own_scores.rows] *= weight_B
             update = update_learner(
                 self.agent, self.optimizer, batch, self.settings.loss, t, where=request.where
             )
@@ -330,6 +343,10 @@ class AgentWorker:
         }
         metrics = learner_metrics(self.agent.name, self.names, batch, update, skipping=t.skip_uniform_groups)
         metrics[f"train/lr/{self.agent.name}"] = lr
+        if gaps is not None:
+            metrics |= engine_metrics(
+                self.agent.name, gaps, correction, getattr(self.engine, "sync_seconds", 0.0)
+            )
         return UpdateReport(metrics, samples)
 
     def evaluate(self, request: EvalRequest) -> EvalReport:

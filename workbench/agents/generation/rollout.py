@@ -142,6 +142,7 @@ def to_rollouts(
     sampled: list[tuple[list[int], str]],
     *,
     author: int,
+    sampler_logp: list[list[float]] | None = None,
 ) -> list[Rollout]:
     """Rollout records of sampled rows, whichever engine drew them (`generate`, the vLLM engine).
 
@@ -153,6 +154,8 @@ def to_rollouts(
         sampled: Per row, the response ids (ending with a stop token when the reason is ``"eos"``) and the
             finish reason (``"eos"`` or ``"length"``).
         author: Agent index copied into every rollout.
+        sampler_logp: Per row, the engine's log-prob of each sampled token (``Rollout.sampler_logp_T``, cut
+            with the row); None when the engine reports none.
 
     Returns:
         See `generate`: text decoded without the terminal stop token, and rows cut before the agent's first
@@ -175,6 +178,7 @@ def to_rollouts(
                 prompt_ids=list(encoded[i]),
                 response_ids=response_ids,
                 finish_reason=reason,
+                sampler_logp_T=None if sampler_logp is None else sampler_logp[row][: len(response_ids)],
             )
         )
     return rollouts

@@ -121,6 +121,12 @@ class EngineServer:
     """Skip vLLM's compilation (starts in less than half the time on CPU; samples slower)."""
     threads: int | None = None
     """OMP threads of the server (CPU); None = the caller's ``OMP_NUM_THREADS``."""
+    kv_cache_bytes: int = 1 << 30
+    """The server's KV cache (`workbench.config.sections.TrainConfig.engine_kv_gib`)."""
+    gpu: bool = False
+    """The server runs on a GPU: its KV cache is ``--kv-cache-memory-bytes`` (vLLM then ignores
+    ``--gpu-memory-utilization``, so it takes no more than the memory plan gave it); on CPU it is
+    ``VLLM_CPU_KVCACHE_SPACE``."""
     startup_timeout: float = 900.0
     request_timeout: float = 1800.0
     _process: subprocess.Popen | None = field(default=None, init=False, repr=False)
@@ -160,11 +166,14 @@ class EngineServer:
             "--uds", str(self.socket_path), "--dtype", self.dtype,
             "--max-model-len", str(self.max_model_len), "--seed", str(self.seed),
             "--generation-config", "vllm",  # sampling settings come from the request, never the model folder
+            "--logprobs-mode", "processed_logprobs",  # log-probs after temperature and top-p, as TRL asks
         ]  # fmt: skip
         if self.enforce_eager:
             command.append("--enforce-eager")
+        if self.gpu:
+            command += ["--kv-cache-memory-bytes", str(self.kv_cache_bytes)]
         env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", VLLM_API_KEY=self._key)
-        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on CPU
+        env["VLLM_CPU_KVCACHE_SPACE"] = f"{self.kv_cache_bytes / 2**30:g}"  # GiB of KV cache on CPU
         if self.threads is not None:
             env["OMP_NUM_THREADS"] = str(self.threads)
         with open(self.log_path, "wb") as out:
@@ -270,6 +279,8 @@ class VLLMEngine:
     enforce_eager: bool = False
     threads: int | None = None
     seed: int = 0
+    kv_cache_bytes: int = 1 << 30
+    """The server's KV cache (`EngineServer.kv_cache_bytes`)."""
     server: EngineServer | None = field(default=None, init=False)
     _folders: list[Path] = field(default_factory=list, init=False, repr=False)
     _turn: int = field(default=0, init=False, repr=False)
@@ -289,6 +300,8 @@ class VLLMEngine:
             seed=self.seed,
             enforce_eager=self.enforce_eager,
             threads=self.threads,
+            kv_cache_bytes=self.kv_cache_bytes,
+            gpu=self.agent.device.type == "cuda",
         ).start()
         return self
 
@@ -325,16 +338,18 @@ class VLLMEngine:
             "top_k": spec.top_k or -1,
             "min_p": spec.min_p,
             "repetition_penalty": spec.repetition_penalty,
+            "logprobs": 0,  # the sampled token's own log-prob: Rollout.sampler_logp_T
         }
         if seed is not None:
             body["seed"] = seed
         choices = sorted(self.server.call("/v1/completions", body)["choices"], key=lambda c: c["index"])
         stops = set(self.agent.stop_token_ids)
-        sampled = []
+        sampled, logprobs = [], []
         for choice in choices:  # prompt-major: choice index = prompt * n + sample
             ids = list(choice["token_ids"])
             sampled.append((ids, "eos" if ids and ids[-1] in stops else "length"))
-        return to_rollouts(self.agent, prompts, encoded, n, sampled, author=author)
+            logprobs.append([float(v) for v in choice["logprobs"]["token_logprobs"]])
+        return to_rollouts(self.agent, prompts, encoded, n, sampled, author=author, sampler_logp=logprobs)
 
     def sync(self) -> None:
         """Write the agent's current merged weights and reload them into the server."""

