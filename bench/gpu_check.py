@@ -23,6 +23,10 @@ were measured at 512 new tokens, the compiled decode was not reached yet.
    (`workbench.train.plan`). The report is rewritten after every step, so a time limit keeps what finished.
 4. The decode step eager vs compiled (``train.compile_decode``: CUDA graphs): tokens/s, compile time, and
    the share of greedy tokens that agree (bf16 kernels may differ in the last bits).
+5. The vLLM engine (``train.engine: vllm``; needs ``.venv-engine``, ``make engine``: without it the part says
+   so and is skipped): the 1.7B-shaped 4-bit agent served from its dequantized base, greedy at the decode
+   comparison's size and at 256 rows x 1,024 new tokens, tokens/s, the server's start-up, one policy sync, the
+   GPU memory the server took against the plan's `engine_bytes`, and the sampler/trainer log-prob gap.
 
 Everything goes to ``<out>/report.md`` (and ``report.json``); the exit code is 0 only when every part ran and
 passed. ``--tiny --device cpu`` runs the same code at toy sizes on a CPU: a check of the script, not of a GPU.
@@ -50,14 +54,16 @@ sys.path.insert(0, str(ROOT))
 REQUIRED = ("torch", "transformers", "peft", "bitsandbytes", "yaml", "pandas", "math_verify", "tqdm")
 TINY_QWEN3 = {
     "model_type": "qwen3", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
-    "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128, "vocab_size": 8192,
+    "num_key_value_heads": 2, "head_dim": 32, "intermediate_size": 128, "vocab_size": 8192,
     "tie_word_embeddings": True, "max_position_embeddings": 4096,
 }  # fmt: skip
 SIZES = {
     "full": {"prompts_per_step": 16, "group_size": 8, "minibatch_prompts": 8, "micro_batch_size": 8,
-             "max_new_tokens": 1024, "decode_rows": 64, "decode_tokens": 128},
+             "max_new_tokens": 1024, "decode_rows": 64, "decode_tokens": 128, "engine_rows": 256,
+             "engine_tokens": 1024, "engine_kv_gib": 16},
     "tiny": {"prompts_per_step": 2, "group_size": 2, "minibatch_prompts": 1, "micro_batch_size": 2,
-             "max_new_tokens": 8, "decode_rows": 4, "decode_tokens": 8},
+             "max_new_tokens": 8, "decode_rows": 4, "decode_tokens": 8, "engine_rows": 8, "engine_tokens": 8,
+             "engine_kv_gib": 1},
 }  # fmt: skip
 
 
@@ -192,7 +198,7 @@ def standin_run(
              "lora": {"r": 32, "alpha": 64, "target_modules": "all-linear"}}  # fmt: skip
     agents = [{"name": "qwen3-1.7b-shape", "model": str(model_dir), **qlora},
               {"name": "qwen3-tiny", "model": str(partner_dir), **qlora, "lora": {"r": 8}}]  # fmt: skip
-    train = {k: v for k, v in s.items() if not k.startswith("decode")} | overrides
+    train = {k: v for k, v in s.items() if not k.startswith(("decode", "engine"))} | overrides
     cfg = from_dict(
         {
             "experiment": "gpu_check",
@@ -244,8 +250,62 @@ def standin_run(
         result["ok"] = len(rows) == cfg.train.steps
         print(f"step {trainer.step}: {rows[-1]}", flush=True)
         save()
-    result["decode"] = decode_speed(trainer.executor.workers[0].agent, s["decode_rows"], s["decode_tokens"])
+    agent = trainer.executor.workers[0].agent
+    result["decode"] = decode_speed(agent, s["decode_rows"], s["decode_tokens"])
+    save()
+    result["engine"] = engine_speed(agent, s, config)
     trainer.close()
+
+
+def engine_speed(agent, s: dict, config: dict) -> dict:
+    """The agent served by vLLM (its own environment): start-up, greedy tokens/s at the decode comparison's
+    size and at ``engine_rows`` x ``engine_tokens``, one sync, the server's GPU memory against the plan, and
+    the sampler/trainer log-prob gap."""
+    import torch
+
+    from workbench.agents.generation.vllm_engine import EngineError, VLLMEngine, engine_python
+    from workbench.agents.plan.memory import engine_bytes
+    from workbench.agents.plan.shapes import Inventory
+    from workbench.train.batches import UpdateSettings
+    from workbench.train.scoring import sampler_log_ratios, score_own
+
+    try:
+        python = engine_python()
+    except EngineError as exc:
+        return {"skipped": str(exc).splitlines()[0]}
+    on_gpu = agent.device.type == "cuda"
+    used = (lambda: (lambda free, total: total - free)(*torch.cuda.mem_get_info())) if on_gpu else (lambda: 0)
+    kv = int(s["engine_kv_gib"] * 2**30)
+    before, t0 = used(), time.perf_counter()
+    # on CPU the part checks the script: an eager server starts in a third of the time
+    engine = VLLMEngine(agent, python, kv_cache_bytes=kv, enforce_eager=not on_gpu).start()
+    result = {"start_s": round(time.perf_counter() - t0, 1)}
+    try:
+        result["server_gib"] = round((used() - before) / 2**30, 2) if on_gpu else None
+        result["planned_gib"] = round(
+            engine_bytes(Inventory.from_config(config), agent.device.type, kv) / 2**30, 2
+        )
+        greedy = dict(temperature=0.0, top_p=1.0, author=0, seed=0)
+        for key, rows, tokens in (("decode_size", s["decode_rows"], s["decode_tokens"]),
+                                  ("engine_size", s["engine_rows"], s["engine_tokens"])):  # fmt: skip
+            prompts = [f"{i} + {i + 1} =" for i in range(rows)]
+            start = time.perf_counter()
+            out = engine.generate(prompts, 1, max_new_tokens=tokens, **greedy)
+            seconds = time.perf_counter() - start
+            result[f"{key}_rows_x_tokens"] = f"{rows} x {tokens}"
+            result[f"{key}_tok_s"] = round(sum(r.length for r in out) / seconds, 1)
+        sampled = engine.generate(
+            [f"{i} * 3 =" for i in range(s["decode_rows"])], 1, temperature=1.0, top_p=1.0,
+            max_new_tokens=s["decode_tokens"], author=0, seed=1,
+        )  # fmt: skip
+        scores = score_own(agent, sampled, UpdateSettings(temperature=1.0, micro_batch_size=8))
+        gap_T = torch.cat(sampler_log_ratios(sampled, scores)).abs()
+        result |= {"gap_mean": float(gap_T.mean()), "gap_max": float(gap_T.max())}
+        engine.sync()
+        result["sync_s"] = round(engine.sync_seconds, 2)
+    finally:
+        engine.close()
+    return result
 
 
 def decode_speed(agent, rows: int, tokens: int) -> dict:
@@ -322,6 +382,9 @@ def write_report(out: Path, report: dict) -> Path:
             lines += ["", f"planned device peak: {run['plan_peak'] / 2**30:.2f} GiB"]
             if "decode" in run:
                 lines += ["", "## Decode step, eager vs compiled (greedy)", "", *_table([run["decode"]])]
+            if "engine" in run:
+                lines += ["", "## vLLM engine (the same agent, dequantized base + adapters)", "",
+                          *_table([run["engine"]])]  # fmt: skip
     path = out / "report.md"
     path.write_text("\n".join(lines) + "\n")
     return path

@@ -29,6 +29,11 @@ def test_the_gpu_check_script_runs_end_to_end_on_cpu(tmp_path, hacpo_cache):
     # the length-parity reward gives advantages, so the update runs (a math reward is 0 for random weights)
     assert any(row[key] != 0 for row in run["steps"] for key in row if key.startswith("loss/"))
     assert run["decode"]["compiled_tok_s"] > 0 and run["decode"]["greedy_tokens_equal"] == "32/32"
+    engine = run["engine"]  # served by vLLM where `make engine` built its environment, else skipped with why
+    assert "make engine" in engine["skipped"] if "skipped" in engine else engine["engine_size_tok_s"] > 0
+    if "skipped" not in engine:
+        assert engine["gap_mean"] < 1e-3 and engine["sync_s"] > 0
     text = (tmp_path / "report.md").read_text()
     assert "2 HACPO steps at 6 new tokens" in text
     assert "script OK" in text and "nothing here was measured on a GPU" in text
+    assert "## vLLM engine" in text

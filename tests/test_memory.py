@@ -170,8 +170,8 @@ def test_the_vllm_servers_are_taken_off_the_device_before_the_budgets_are_shared
     hf, vllm = _recipe_plan(80, *full), _recipe_plan(80, *full, "train.engine=vllm", "train.engine_kv_gib=4")
     params = [Inventory.from_config(a.facts.config).params for a in vllm.agents]
     servers = sum(engine_bytes(Inventory.from_config(a.facts.config), "cuda", 4 * GiB) for a in vllm.agents)
-    # each server: its weights in fp32, 4 GiB of KV cache and its runtime
-    assert servers == 4 * sum(params) + 2 * (4 * GiB + ENGINE_RUNTIME_BYTES["cuda"])
+    # each server: its weights in bf16, 4 GiB of KV cache and its runtime
+    assert servers == 2 * sum(params) + 2 * (4 * GiB + ENGINE_RUNTIME_BYTES["cuda"])
     before, after = hf.devices["cuda:0"], vllm.devices["cuda:0"]
     assert after["engine"] == servers and before["engine"] == 0
     assert after["budget"] == before["budget"] - servers // 2  # threads: two agents share what is left

@@ -115,10 +115,11 @@ class ExperimentConfig:
         if self.train.engine == "vllm":
             for k, agent in enumerate(self.agents):
                 require(
-                    agent.quantization == "none",
+                    agent.quantization != "8bit",
                     f"agents[{k}].quantization",
                     agent.quantization,
-                    "none with train.engine: vllm (the engine loads merged full-precision weights)",
+                    "none or 4bit with train.engine: vllm (the engine loads merged weights: a 4-bit base "
+                    "dequantized, int8 has no single full-precision weight)",
                 )
         if self.algo.share_rollouts:
             n = len(self.agents)

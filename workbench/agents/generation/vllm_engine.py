@@ -34,6 +34,7 @@ import http.client
 import json
 import logging
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -203,12 +204,20 @@ class EngineServer:
         raise EngineError(f"{what}; model {self.model_dir}. The end of its log:\n{tail}")
 
     def log_tail(self, lines: int = 30) -> str:
-        """The last lines of the server's log."""
+        """The last lines of the server's log, after the first error line of each of its processes (vLLM's
+        engine core and worker log the root cause far above the API server's last lines)."""
         try:
             text = self.log_path.read_text(encoding="utf-8", errors="replace")
         except (OSError, AssertionError):
             return "(no log)"
-        return "\n".join(text.splitlines()[-lines:])
+        every = text.splitlines()
+        causes = {}
+        for line in every[:-lines]:
+            process = line.split(")", 1)[0] if line.startswith("(") else ""
+            if re.search(r"\b\w*(Error|Exception): ", line) and process not in causes:
+                causes[process] = line
+        head = [*causes.values(), "..."] if causes else []
+        return "\n".join(head + every[-lines:])
 
     def _request(
         self, method: str, path: str, body: dict[str, Any] | None = None, timeout: float | None = None
@@ -236,7 +245,10 @@ class EngineServer:
         except OSError as exc:
             raise EngineError(f"the vLLM server of {self.model_dir} did not answer {path}: {exc}") from exc
         if status != 200:
-            raise EngineError(f"the vLLM server answered {path} with {status}: {data[:500]!r}")
+            raise EngineError(
+                f"the vLLM server answered {path} with {status}: {data[:500]!r}. The end of its log:\n"
+                + self.log_tail()
+            )
         return json.loads(data) if data else {}
 
     def reload(self, model_dir: Path) -> None:
@@ -302,6 +314,9 @@ class VLLMEngine:
             threads=self.threads,
             kv_cache_bytes=self.kv_cache_bytes,
             gpu=self.agent.device.type == "cuda",
+            dtype="bfloat16"
+            if self.agent.device.type == "cuda"
+            else "float32",  # the trainer's compute dtype
         ).start()
         return self
 

@@ -228,9 +228,11 @@ def agent_memory(
 
 
 def engine_bytes(inventory: Inventory, device_type: str, kv_cache_bytes: int) -> int:
-    """What one agent's vLLM server holds on ``device_type``: its merged weights (fp32, the trainer's dtype on
-    CPU and what the server is started with), its KV cache and its runtime (`ENGINE_RUNTIME_BYTES`)."""
-    return inventory.params * 4 + kv_cache_bytes + ENGINE_RUNTIME_BYTES[device_type]
+    """What one agent's vLLM server holds on ``device_type``: its merged weights in the dtype it is started
+    with (fp32 on CPU, bf16 on a GPU: the trainer's compute dtype), its KV cache and its runtime
+    (`ENGINE_RUNTIME_BYTES`)."""
+    weight_bytes = 2 if device_type == "cuda" else 4
+    return inventory.params * weight_bytes + kv_cache_bytes + ENGINE_RUNTIME_BYTES[device_type]
 
 
 def generation_row_bytes(
