@@ -260,6 +260,45 @@ def _real_pair_overrides(root):
 
 @pytest.mark.engine
 @pytest.mark.slow
+def test_a_server_stops_when_the_process_that_started_it_is_killed_outright(
+    engine_env, lora_smollm2, tmp_path
+):
+    """SIGKILL (the kernel's OOM killer) runs no atexit: the server must still go, not hold its gigabytes."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    from workbench.core.paths import PROJECT_ROOT
+
+    folder = write_policy(lora_smollm2, tmp_path / "policy")
+    script = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from workbench.agents.generation.vllm_engine import EngineServer\n"
+        "server = EngineServer(Path(sys.argv[1]), Path(sys.argv[2]), enforce_eager=True, threads=1).start()\n"
+        "print(server.pid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", script, str(folder), str(engine_env)],
+        cwd=PROJECT_ROOT, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        pid = int(trainer.stdout.readline())
+        server = psutil.Process(pid)
+        assert "vllm.entrypoints" in " ".join(server.cmdline())
+        family = [server, *server.children(recursive=True)]  # vLLM's engine core and worker too
+        trainer.kill()
+        trainer.wait()
+        _, alive = psutil.wait_procs(family, timeout=90)
+        assert not alive, f"{alive} outlived the killed process that started the server"
+    finally:
+        trainer.kill()
+
+
+@pytest.mark.engine
+@pytest.mark.slow
 def test_a_hacpo_run_of_the_real_pair_samples_with_the_engine_and_resumes_after_a_killed_server(
     engine_env, tmp_path
 ):

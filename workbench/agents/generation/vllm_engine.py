@@ -40,6 +40,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -94,6 +95,19 @@ class _UnixConnection(http.client.HTTPConnection):
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(self.timeout)
         self.sock.connect(self._path)
+
+
+_EXEC_TIED_TO_PARENT = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: SIGTERM when the starting thread ends\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    sys.exit('the trainer ended before its vLLM server started')\n"
+    "os.execv(sys.argv[2], sys.argv[2:])\n"
+)
+"""Run by the engine's Python before it becomes the server: asks the kernel for SIGTERM when the process that
+started it ends (also when that process is killed outright, e.g. for memory, when no ``atexit`` runs), then
+execs the server in place; vLLM's server stops its engine core on SIGTERM. Linux only; the signal follows the
+starting *thread*, which lives as long as the trainer's worker (executors keep their threads to the end)."""
 
 
 def _signal_group(group: int, sig: int) -> bool:
@@ -177,6 +191,8 @@ class EngineServer:
         env["VLLM_CPU_KVCACHE_SPACE"] = f"{self.kv_cache_bytes / 2**30:g}"  # GiB of KV cache on CPU
         if self.threads is not None:
             env["OMP_NUM_THREADS"] = str(self.threads)
+        if sys.platform.startswith("linux"):  # the server goes when the trainer does, even killed outright
+            command = [str(self.python), "-c", _EXEC_TIED_TO_PARENT, str(os.getpid()), *command]
         with open(self.log_path, "wb") as out:
             self._process = subprocess.Popen(
                 command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
