@@ -116,17 +116,22 @@ real-pair-collapse: $(STAMP)
 	done
 
 # The paper's regime on the real pair: the capability estimate from 128 samples a step (P 16 x G 8 per agent,
-# 8-prompt mini-batches: still 4 updates per learner per step) instead of 32, GSPO and HACPO, seeds 0 and 1,
-# one torch thread each (REAL_PAIR_P16_THREADS; a run resumes deterministically only at the count it started
-# with, so two of these can share 2 cores, e.g. REAL_PAIR_P16_METHODS=hacpo beside =gspo); runs in
-# results/real_pair_p16/ (≈ 3 h a HACPO run on one of 2 cores; resumable).
+# 8-prompt mini-batches: still 4 updates per learner per step) instead of 32, GSPO and HACPO, seeds 0 and 1.
+# By default the recipe's prompt budget (8 steps x 16 prompts = 128 against 30 x 4 = 120; evaluations at steps
+# 0, 4 and 8): ≈ 1 h a HACPO run on one of 2 cores; REAL_PAIR_P16_STEPS=30 keeps the recipe's step count
+# (≈ 4 h). One torch thread each (REAL_PAIR_P16_THREADS; a run resumes deterministically only at the count it
+# started with, so two of these can share 2 cores, e.g. REAL_PAIR_P16_METHODS=hacpo beside =gspo); runs in
+# results/real_pair_p16/ (resumable).
 REAL_PAIR_P16_SEEDS ?= 0,1
 REAL_PAIR_P16_METHODS ?= gspo hacpo
 REAL_PAIR_P16_THREADS ?= 1
+REAL_PAIR_P16_STEPS ?= 8
+REAL_PAIR_P16_EVAL_EVERY ?= 4
 real-pair-p16: $(STAMP)
 	for method in $(REAL_PAIR_P16_METHODS); do \
 	  OMP_NUM_THREADS=$(REAL_PAIR_P16_THREADS) $(PY) -m workbench run experiments/real_pair.yaml --seeds $(REAL_PAIR_P16_SEEDS) \
 	    --set algorithm=$$method experiment=real_pair_p16 train.prompts_per_step=16 train.minibatch_prompts=8 \
+	    train.steps=$(REAL_PAIR_P16_STEPS) train.eval_every=$(REAL_PAIR_P16_EVAL_EVERY) train.save_every=1 \
 	    train.samples_per_step=16 output.root=results/real_pair_p16 || exit $$?; \
 	done
 	$(PY) -m workbench summarize results/real_pair_p16 --out results/summary/real_pair_p16 --force
