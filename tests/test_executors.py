@@ -21,7 +21,7 @@ from workbench.train import executors
 from workbench.train.checkpoint import load_latest_checkpoint
 from workbench.train.executors import InProcessExecutor, RayExecutor, RayOptions
 from workbench.train.run import train
-from workbench.train.worker import WorkerArgs
+from workbench.train.settings import WorkerArgs
 
 TINY = {
     "agents": ["tiny:gpt2-char", "tiny:llama-bpe"],

@@ -187,3 +187,16 @@ def test_config_and_tasks_load_without_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "", f"workbench.config / workbench.tasks pulled in: {out.stdout.strip()}"
+
+
+MAX_MODULE_LINES = 400
+"""The longest a module may grow: past it, a reader scrolls instead of reading, and it is time to split."""
+
+
+def test_no_module_is_longer_than_the_limit():
+    long = {
+        name: n
+        for name, path in MODULES.items()
+        if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES
+    }
+    assert long == {}, f"modules over {MAX_MODULE_LINES} lines: {long}"

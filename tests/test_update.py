@@ -20,8 +20,9 @@ from workbench.train.batches import build_learner_batch, plan_micro_batches
 from workbench.train.exchange import RolloutRequest, UpdateRequest, as_cross_rollout, share
 from workbench.train.metrics import learner_metrics
 from workbench.train.scoring import score_own, set_old_policy
+from workbench.train.settings import WorkerSettings
 from workbench.train.update import UpdateSettings, update_learner
-from workbench.train.worker import AgentWorker, WorkerSettings
+from workbench.train.worker import AgentWorker
 
 PROMPTS = ["2+3", "4*2", "7-5"]
 SETTINGS = UpdateSettings(

