@@ -99,6 +99,30 @@ def test_summarize_checks_a_rerun_against_a_committed_comparison(cli, tmp_path):
     assert code == 0 and not (tmp_path / "rerun" / "rerun_check.csv").exists()
 
 
+def test_summarize_pools_the_code_versions_it_is_told_to_across_folders(cli, tmp_path):
+    """Two folders of seeds made by two code versions: by default one version is averaged, with
+    ``--same-code`` both (n = 3), and groups.csv says so; one version alone is refused, naming it."""
+    for seed, version, folder in (
+        (0, "01d000000000", "first"),
+        (1, "01d000000000", "first"),
+        (2, "7e3000000000", "later"),
+    ):
+        write_run(tmp_path / folder, algorithm="hacpo", seed=seed, version=version)
+    roots = [str(tmp_path / "first"), str(tmp_path / "later")]
+    assert cli("summarize", *roots, "--out", str(tmp_path / "apart"))[0] == 0
+    assert pd.read_csv(tmp_path / "apart" / "comparison.csv")["n"].max() == 1  # the newest version alone
+    code, out = cli(
+        "summarize", *roots, "--out", str(tmp_path / "pooled"), "--same-code", "01d000000000,7e3000000000"
+    )
+    assert code == 0, out
+    assert set(pd.read_csv(tmp_path / "pooled" / "comparison.csv")["n"]) == {3}
+    group = pd.read_csv(tmp_path / "pooled" / "groups.csv").iloc[0]
+    assert group["code_version"] == "01d000000000+7e3000000000" and group["seeds"] == "0 1 2"
+    assert "pooled by the user" in group["chosen_because"]
+    code, out = cli("summarize", *roots, "--out", str(tmp_path / "one"), "--same-code", "01d000000000")
+    assert code == 2 and "same_code = ['01d000000000'] is not allowed: name two code versions" in out
+
+
 def test_seeds_are_distinct_non_negative_integers():
     assert _seeds("0,1,2") == (0, 1, 2)
     for bad in ("0,0", "-1", "a", ""):

@@ -155,3 +155,26 @@ def test_a_tie_between_starting_weights_goes_to_the_most_recently_finished(tmp_p
     assert _reasons(sel) == {
         first.name: "starting weights of agent a differ: aaaaaaaaaaaa vs eeeeeeeeeeee in the chosen runs"
     }
+
+
+def test_code_versions_the_user_names_are_pooled_and_the_groups_say_so(tmp_path):
+    old = [_run(tmp_path, s, version="01d000000000") for s in (0, 1)]
+    new = _run(tmp_path, 2, version="7e3000000000", finished="2026-02-01T00:00:00+00:00")
+    resumed = _run(tmp_path, 3, version="01d000000000", resumed_with="7e3000000000")
+    stranger = _run(tmp_path, 4, version="5742a0000000")
+    alone = frames.select_runs(tmp_path, current_version=CURRENT)
+    assert alone.runs == [new]  # by default one code version: the most recently finished group
+    pooled = frames.select_runs(tmp_path, current_version=CURRENT, same_code=["01d000000000", "7e3000000000"])
+    assert pooled.runs == sorted([*old, new, resumed])  # a run resumed across the pooled versions counts too
+    assert _reasons(pooled) == {
+        stranger.name: "code version 5742a0000000 differs from the chosen 01d000000000+7e3000000000 "
+        "(code versions 01d000000000, 7e3000000000 pooled by the user (same_code))"
+    }
+    group = pooled.groups.iloc[0]
+    assert (group["code_version"], group["runs"], group["seeds"]) == (
+        "01d000000000+7e3000000000",
+        4,
+        [0, 1, 2, 3],
+    )
+    with pytest.raises(ValueError, match=r"same_code = \['01d000000000'\] is not allowed: name two"):
+        frames.select_runs(tmp_path, same_code=["01d000000000"])

@@ -58,7 +58,7 @@ def results(tmp_path_factory):
 def test_comparison_csv_has_means_stds_cost_and_time(results):
     _, out, files = results
     assert [f.name for f in files] == [
-        "comparison.csv", "per_seed.csv", "items.csv.gz", "verdicts.csv", "excluded.csv",
+        "comparison.csv", "per_seed.csv", "items.csv.gz", "verdicts.csv", "excluded.csv", "groups.csv",
         "tokens_vs_bytes.csv", "ratios_by_minibatch.csv", "curves.csv", "curves_model.svg", "verdicts.svg",
         "comparison.md",
     ]  # fmt: skip

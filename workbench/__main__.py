@@ -10,11 +10,11 @@
 - ``reproduce [--smoke] [--only NAME ...] [--seeds ...]``: re-execute every benchmark/ablation notebook.
 - ``eval TARGET``: a run's trained agents (or a model) on benchmarks and task sources: avg@k, pass@k, best@k.
 - ``export RUN_DIR [--merged]``: each trained agent written with ``save_pretrained``.
-- ``summarize [RESULTS_ROOT] [--out DIR] [--force] [--check-against COMPARISON_CSV]``: the results summary
-  (tables with seeds) into ``RESULTS_ROOT/summary`` (a summary committed to git is replaced only with
-  ``--force``), its comparison table printed, and, optionally, ``docs/results.md``; ``--check-against``
-  checks it, as a rerun, against a committed ``comparison.csv`` (each mean within 2 standard errors) into
-  ``rerun_check.csv``.
+- ``summarize [RESULTS_ROOT ...] [--out DIR] [--force] [--same-code V1,V2] [--check-against CSV]``: the
+  results summary (tables with seeds) into ``RESULTS_ROOT/summary`` (a summary committed to git is
+  replaced only with ``--force``), its comparison table printed, and, optionally, ``docs/results.md``;
+  ``--check-against`` checks it, as a rerun, against a committed ``comparison.csv`` (each mean within 2
+  standard errors) into ``rerun_check.csv``; ``--same-code`` pools the runs of the code versions it names.
 - ``zoo list`` / ``zoo build [NAME ...] [--ship]``: the agents shipped in ``zoo/`` and their cards; rebuild
   one on this machine and see how far it lands from the shipped card.
 
@@ -298,10 +298,21 @@ def _parser() -> argparse.ArgumentParser:
     summ = sub.add_parser(
         "summarize", help="tables of every run (mean ± std over seeds) and the generated results section"
     )
-    summ.add_argument("results_root", nargs="?", default="results", help="where the run directories are")
+    summ.add_argument(
+        "results_root",
+        nargs="*",
+        default=["results"],
+        help="where the run directories are (one folder or more)",
+    )
     summ.add_argument("--out", help="summary folder (default RESULTS_ROOT/summary, beside the runs)")
     summ.add_argument(
         "--force", action="store_true", help="replace a summary committed to git (results/summary/)"
+    )
+    summ.add_argument(
+        "--same-code",
+        metavar="V1,V2",
+        help="pool the runs of these code versions (environment.json code_version) as one: you vouch that "
+        "they train alike (e.g. they differ in logging only); groups.csv records it",
     )
     summ.add_argument("--readme", help="also rewrite the results section of this file (e.g. docs/results.md)")
     summ.add_argument(

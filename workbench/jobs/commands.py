@@ -128,11 +128,13 @@ def summarize_command(args: argparse.Namespace) -> int:
     from workbench.lab.results_section import update_readme
     from workbench.lab.summary import write_summary
 
-    root = project_path(args.results_root)
-    out = Path(args.out) if args.out else root / "summary"
-    run_dirs = find_run_dirs([root]) if root.is_dir() else []
-    if not run_dirs:
-        raise ConfigError(f"RESULTS_ROOT = {args.results_root!r} is not allowed: it holds no run directory")
+    roots = [project_path(r) for r in args.results_root]
+    out = Path(args.out) if args.out else roots[0] / "summary"
+    for given, root in zip(args.results_root, roots, strict=True):
+        if not (root.is_dir() and find_run_dirs([root])):
+            raise ConfigError(f"RESULTS_ROOT = {given!r} is not allowed: it holds no run directory")
+    run_dirs = find_run_dirs(roots)
+    same_code = [v.strip() for v in (args.same_code or "").split(",") if v.strip()]
     tracked = committed_files(out)
     if tracked and not args.force:
         raise ConfigError(
@@ -142,9 +144,9 @@ def summarize_command(args: argparse.Namespace) -> int:
         )
     committed = _committed_comparison(args.check_against, out) if args.check_against else None
     try:
-        files = write_summary(run_dirs, out)
-    except ValueError as exc:  # nothing finished to summarize: the message lists the runs left out
-        raise ConfigError(f"RESULTS_ROOT = {args.results_root!r}: {exc}") from None
+        files = write_summary(run_dirs, out, same_code=same_code)
+    except ValueError as exc:  # nothing finished, or one code version to pool: the message says which
+        raise ConfigError(f"RESULTS_ROOT = {' '.join(args.results_root)!r}: {exc}") from None
     log.info("summary of %d run directories:", len(run_dirs))
     for path in files:
         log.info("  %s", path)

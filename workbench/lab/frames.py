@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -256,7 +256,12 @@ def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _run_facts(run_dir: Path) -> dict[str, Any]:
+def _pooled(version: str, same_code: Collection[str]) -> str:
+    """A run's code version for grouping: the versions named in ``same_code`` count as one."""
+    return "+".join(sorted(same_code)) if version in same_code else version
+
+
+def _run_facts(run_dir: Path, same_code: Collection[str] = ()) -> dict[str, Any]:
     """What grouping needs to know of a run; ``reason`` is set when it cannot be aggregated at all."""
     facts: dict[str, Any] = {
         "run_dir": run_dir,
@@ -278,6 +283,8 @@ def _run_facts(run_dir: Path) -> dict[str, Any]:
     versions = {s.get("code_version") for s in starts}
     if not env or None in versions:
         return facts | {"reason": "code version unknown (environment.json lacks code_version: older code)"}
+    made_by = sorted(versions)
+    versions = {_pooled(v, same_code) for v in versions}
     if len(versions) > 1:
         return facts | {"reason": f"resumed under other code (code versions {sorted(versions)})"}
     weights, problem = start_weights(env)
@@ -291,6 +298,7 @@ def _run_facts(run_dir: Path) -> dict[str, Any]:
         "config": _flatten(rest),
         "config_key": config_hash(rest),
         "code_version": versions.pop(),
+        "made_by": made_by,
         "finished": (finished, mtime),
         "weights": weights,
     }
@@ -299,6 +307,10 @@ def _run_facts(run_dir: Path) -> dict[str, Any]:
 def _choose(candidates: dict[tuple[str, str], list[dict]], current: str) -> tuple[tuple[str, str], str]:
     """The (config key, code version) group to aggregate, and why it was chosen."""
     newest = {key: max(r["finished"] for r in runs) for key, runs in candidates.items()}
+    pooled = [key for key in candidates if "+" in key[1]]
+    if pooled:
+        key = max(pooled, key=newest.get)
+        return key, f"code versions {key[1].replace('+', ', ')} pooled by the user (same_code)"
     mine = [key for key in candidates if key[1] == current]
     if mine:
         return max(mine, key=newest.get), "made by the current code version"
@@ -317,7 +329,10 @@ def _why_not(run: dict, chosen: dict, why: str) -> str:
 
 
 def select_runs(
-    paths: Iterable[Path | str] | Path | str, *, current_version: str | None = None
+    paths: Iterable[Path | str] | Path | str,
+    *,
+    current_version: str | None = None,
+    same_code: Collection[str] = (),
 ) -> RunSelection:
     """Which runs may be averaged over seeds, and which are left out and why.
 
@@ -330,17 +345,26 @@ def select_runs(
     made before digests were recorded are kept unchecked, and ``groups.start_weights`` says so. Of two
     finished runs with the same seed the newer is kept.
 
+    ``same_code`` names code versions the user vouches train alike (e.g. versions that differ only in logging
+    or docs): their runs count as one version, that group is preferred, and ``groups`` says so.
+
     Args:
         paths: Run directories and/or folders holding them (as :func:`find_run_dirs`).
         current_version: The code version to prefer (default: this code's, ``workbench.train.environment``).
+        same_code: Code versions (``environment.json`` ``code_version``) to pool; at least two when given.
 
     Raises:
         FileNotFoundError: A path does not exist.
+        ValueError: ``same_code`` names fewer than two versions.
+
     """
+    same_code = frozenset(same_code)
+    if len(same_code) == 1:
+        raise ValueError(f"same_code = {sorted(same_code)} is not allowed: name two code versions or more")
     current = current_version if current_version is not None else code_version()
     excluded, by_method = [], {}
     for run_dir in find_run_dirs(paths):
-        facts = _run_facts(run_dir)
+        facts = _run_facts(run_dir, same_code)
         if facts["reason"]:
             excluded.append({c: facts[c] for c in EXCLUDED_COLUMNS})
             continue
@@ -370,6 +394,14 @@ def select_runs(
                 excluded.append({**{c: run[c] for c in EXCLUDED_COLUMNS[:-1]}, "reason": reason})
         chosen_runs += [r["run_dir"] for r in kept.values()]
         seeds = sorted((s for s in kept if s is not None), key=int)
+        if "+" in key[1]:  # pooled: name the versions these runs were made by
+            made_by = sorted({v for r in kept.values() for v in r["made_by"]})
+            key = (key[0], "+".join(made_by))
+            why = (
+                f"code versions {', '.join(made_by)} pooled by the user (same_code)"
+                if len(made_by) > 1
+                else f"made by code version {made_by[0]}, one of those pooled by the user (same_code)"
+            )
         groups.append([experiment, method, key[1], len(kept), seeds, why, weights_note])
     excluded_df = pd.DataFrame(excluded, columns=list(EXCLUDED_COLUMNS))
     excluded_df["run_dir"] = excluded_df["run_dir"].astype(str)

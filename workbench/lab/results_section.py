@@ -121,6 +121,12 @@ def render_results_section(summary_dir: str | Path, link_from: str | Path | None
     lines += ["", f"Excluded runs: {len(excluded) if len(excluded) else 'none'}."]
     for _, r in excluded.iterrows():
         lines.append(f"- `{Path(str(r['run_dir'])).name}` ({r['experiment']}, {r['method']}): {r['reason']}")
+    groups = _read_optional(summary_dir / "groups.csv")
+    pooled = (
+        groups[groups["code_version"].astype(str).str.contains("+", regex=False)] if len(groups) else groups
+    )
+    for _, g in pooled.iterrows():
+        lines.append(f"- {g['experiment']}, {g['method']}: seeds {g['seeds']} of {g['chosen_because']}.")
     lines += [
         "",
         "How the numbers are made (`docs/statistics.md`): standard errors are binomial per run on the "

@@ -17,7 +17,8 @@
   (`workbench.lab.ratios.ratio_by_minibatch`);
 - ``tokens_vs_bytes.csv`` (when ``hacpo-bytes`` runs exist), per pair × normalization × learner: in-band
   fraction of cross samples and final accuracy;
-- ``excluded.csv``: runs left out and why;
+- ``excluded.csv``: runs left out and why; ``groups.csv``: per method, the code version, runs and seeds
+  averaged and why that group was chosen (pooled code versions say so);
 - ``curves.csv`` and ``curves_<pair>.svg``: learning curves, mean ± std over seeds (`workbench.lab.curves`);
 - ``verdicts.svg``: every claim's Δ with its 95% interval (`workbench.lab.plots.verdict_chart`);
 - ``comparison.md``: all of it as Markdown (`workbench.lab.results_section.render_results_section`).
@@ -37,7 +38,7 @@ from __future__ import annotations
 import gzip
 import logging
 import math
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from pathlib import Path
 
 import pandas as pd
@@ -131,7 +132,9 @@ def _one_metric(accuracy: pd.DataFrame, metric: str, prefix: str) -> pd.DataFram
     return chosen.rename(columns=lambda c: f"{prefix}_{c}" if c in ("mean", "std", "n", "se") else c)
 
 
-def tokens_vs_bytes(run_dirs: Iterable[Path | str] | Path | str) -> pd.DataFrame:
+def tokens_vs_bytes(
+    run_dirs: Iterable[Path | str] | Path | str, *, same_code: Collection[str] = ()
+) -> pd.DataFrame:
     """HACPO with token- vs byte-normalized cross ratios, per pair, normalization and learner.
 
     The in-band fraction (``is/<learner>/<source>/in_range_frac``: cross samples inside [lb, 1], those that
@@ -144,7 +147,7 @@ def tokens_vs_bytes(run_dirs: Iterable[Path | str] | Path | str) -> pd.DataFrame
         greedy_std`` and, when logged, ``avgk, avgk_mean, avgk_std``; empty without ``hacpo-bytes`` runs
         or in-range metrics.
     """
-    runs = select_runs(run_dirs).runs
+    runs = select_runs(run_dirs, same_code=same_code).runs
     names = {"hacpo": "tokens", "hacpo-bytes": "bytes"}
     df = load_runs(runs)
     if df.empty or "hacpo-bytes" not in set(df["algorithm"]):
@@ -217,16 +220,19 @@ def recompute_verdicts(summary_dir: str | Path) -> pd.DataFrame:
     return verdicts(table, per_seed, items)
 
 
-def write_summary(run_dirs: Iterable[Path | str] | Path | str, out_dir: str | Path) -> list[Path]:
+def write_summary(
+    run_dirs: Iterable[Path | str] | Path | str, out_dir: str | Path, *, same_code: Collection[str] = ()
+) -> list[Path]:
     """Write ``comparison.csv``, ``per_seed.csv``, ``items.csv.gz`` (when runs kept per-item results),
-    ``verdicts.csv``, ``excluded.csv``, ``tokens_vs_bytes.csv`` (when such runs exist), the curves and
-    ``comparison.md`` under ``out_dir``; returns the paths written.
+    ``verdicts.csv``, ``excluded.csv``, ``groups.csv``, ``tokens_vs_bytes.csv`` (when such runs exist), the
+    curves and ``comparison.md`` under ``out_dir``; returns the paths written. ``same_code``: code versions
+    whose runs are pooled (`workbench.lab.frames.select_runs`).
 
     Raises:
         ValueError: No finished run to summarize (the excluded ones are named).
     """
     out_dir = Path(out_dir)
-    selection = select_runs(run_dirs)
+    selection = select_runs(run_dirs, same_code=same_code)
     if not selection.runs:
         reasons = (
             selection.excluded[["run_dir", "reason"]].to_string(index=False)
@@ -242,7 +248,10 @@ def write_summary(run_dirs: Iterable[Path | str] | Path | str, out_dir: str | Pa
         "items.csv.gz": items,
         "verdicts.csv": verdicts(table, per_seed, items),
         "excluded.csv": selection.excluded,
-        "tokens_vs_bytes.csv": tokens_vs_bytes(selection.runs),
+        "groups.csv": selection.groups.assign(
+            seeds=selection.groups["seeds"].map(lambda s: " ".join(map(str, s)))
+        ),
+        "tokens_vs_bytes.csv": tokens_vs_bytes(selection.runs, same_code=same_code),
         "ratios_by_minibatch.csv": ratio_by_minibatch(runs),
     }
     written = []

@@ -17,9 +17,10 @@ Why a Unix socket: reloading weights goes through vLLM's development endpoint ``
 file in a directory only its owner can enter keeps every endpoint to the user who started the run; nothing
 listens on the network.
 
-Why merged weights, not a LoRA adapter per request: on CPU a LoRA adapter per request sampled 3× slower than
-the workbench's own loop (figures in ``docs/engine.md``). Numerics: the engine only samples; old log-probs stay
-the trainer's own scoring pass (`workbench.train.scoring`), which logs the gap to the sampler's.
+Why merged weights, not a LoRA adapter per request: on CPU a LoRA adapter per request sampled 3× slower
+than the workbench's own loop (figures in ``docs/engine.md``). Numerics: the engine only samples; old
+log-probs stay the trainer's own scoring pass (`workbench.train.scoring`), which logs the gap to the
+sampler's.
 """
 
 from __future__ import annotations
