@@ -130,7 +130,7 @@ REAL_PAIR_P16_EVAL_EVERY ?= 4
 real-pair-p16: $(STAMP)
 	for method in $(REAL_PAIR_P16_METHODS); do \
 	  OMP_NUM_THREADS=$(REAL_PAIR_P16_THREADS) $(PY) -m workbench run experiments/real_pair.yaml --seeds $(REAL_PAIR_P16_SEEDS) \
-	    --set algorithm=$$method experiment=real_pair_p16 train.prompts_per_step=16 train.minibatch_prompts=8 \
+	    --reuse-other-code --set algorithm=$$method experiment=real_pair_p16 train.prompts_per_step=16 train.minibatch_prompts=8 \
 	    train.steps=$(REAL_PAIR_P16_STEPS) train.eval_every=$(REAL_PAIR_P16_EVAL_EVERY) train.save_every=1 \
 	    train.samples_per_step=16 output.root=results/real_pair_p16 || exit $$?; \
 	done

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from workbench.lab.frames import load_evals, select_runs
+from workbench.lab.frames import load_evals
+from workbench.lab.selection import select_runs
 from workbench.lab.stats import aggregate, final_and_initial, stat_table
 
 __all__ = ["accuracy_table", "final_accuracy", "seed_gains"]
@@ -83,9 +84,9 @@ def accuracy_table(
 ) -> pd.DataFrame:
     """Per agent and metric: initial accuracy, final accuracy after each method, and the gains over the last.
 
-    Only runs that may be averaged are used (``workbench.lab.frames.select_runs``: finished, same config but
-    for the seed, same code); the others are logged and listed in ``table.attrs["excluded"]``. Each cell is
-    mean ± std over seeds with n and se (``workbench.lab.stats``); ``initial`` is the step-0 evaluation,
+    Only runs that may be averaged are used (``workbench.lab.selection.select_runs``: finished, same config
+    but for the seed, same code); the others are logged and listed in ``table.attrs["excluded"]``. Each cell
+    is mean ± std over seeds with n and se (``workbench.lab.stats``); ``initial`` is the step-0 evaluation,
     once per seed; ``<method> − <last>`` is `seed_gains` over the seeds both share.
 
     Args:

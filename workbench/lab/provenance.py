@@ -3,7 +3,7 @@
 Every start of a run records ``code_version`` and, once its agents are loaded, ``start_weights``: per agent,
 the sha256 digest of its weights before any update (`workbench.agents.forward.agent.state_digest`; LoRA
 adapters included). A resume records its own entry under ``resumes``. `split_by_start_weights` keeps, of the
-runs that `workbench.lab.frames.select_runs` would average, those that started from the same weights; runs
+runs that `workbench.lab.selection.select_runs` would average, those that started from the same weights; runs
 made before digests were recorded count as unknown and are kept, as they were before.
 """
 

@@ -28,8 +28,9 @@ import pandas as pd
 
 from workbench.config.loading import read_run_config
 from workbench.core.io import atomic_write_text
-from workbench.lab.frames import load_runs, select_runs
+from workbench.lab.frames import load_runs
 from workbench.lab.plots import regime_chart, save_chart
+from workbench.lab.selection import select_runs
 from workbench.lab.summary import write_summary
 
 __all__ = ["REGIME_COLUMNS", "regime_table", "write_regime_summary"]

@@ -27,7 +27,8 @@ from workbench.config.methods import methods_in
 from workbench.core.io import atomic_write_text
 from workbench.lab import diagnostics, latex, plots, ratios, stats, tables
 from workbench.lab.explore import capability_table, cross_weight_table
-from workbench.lab.frames import EXCLUDED_COLUMNS, load_evals, load_runs, select_runs
+from workbench.lab.frames import load_evals, load_runs
+from workbench.lab.selection import EXCLUDED_COLUMNS, select_runs
 
 __all__ = [
     "Gallery",

@@ -1,7 +1,7 @@
 """The committed summary of a comparison: small CSV files and their Markdown (``comparison.md``).
 
 `write_summary` reads finished run directories (never trains), keeps the runs that may be averaged
-(``workbench.lab.frames.select_runs``) and writes under ``out_dir`` (e.g. ``results/summary/``):
+(``workbench.lab.selection.select_runs``) and writes under ``out_dir`` (e.g. ``results/summary/``):
 
 - ``comparison.csv``, one row per pair × method × agent: final held-out greedy and avg@k accuracy (mean,
   std, se, n seeds), the initial accuracy, rollouts generated, responses trained on, wall time;
@@ -47,12 +47,13 @@ from workbench.config.methods import method_sort_key
 from workbench.core.io import atomic_write_bytes, atomic_write_text
 from workbench.lab.accuracy import final_accuracy
 from workbench.lab.curves import write_curves
-from workbench.lab.frames import load_evals, load_runs, select_runs
+from workbench.lab.frames import load_evals, load_runs
 from workbench.lab.items import final_items, load_eval_items, read_items_csv
 from workbench.lab.plots import save_chart, verdict_chart
 from workbench.lab.provenance import read_environment, start_weights
 from workbench.lab.ratios import ratio_by_minibatch
 from workbench.lab.results_section import render_results_section
+from workbench.lab.selection import select_runs
 from workbench.lab.stats import aggregate, combine, final_and_initial
 from workbench.lab.verdicts import verdicts
 
@@ -226,7 +227,7 @@ def write_summary(
     """Write ``comparison.csv``, ``per_seed.csv``, ``items.csv.gz`` (when runs kept per-item results),
     ``verdicts.csv``, ``excluded.csv``, ``groups.csv``, ``tokens_vs_bytes.csv`` (when such runs exist), the
     curves and ``comparison.md`` under ``out_dir``; returns the paths written. ``same_code``: code versions
-    whose runs are pooled (`workbench.lab.frames.select_runs`).
+    whose runs are pooled (`workbench.lab.selection.select_runs`).
 
     Raises:
         ValueError: No finished run to summarize (the excluded ones are named).

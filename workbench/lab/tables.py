@@ -110,7 +110,7 @@ def _refuse_mixed_experiments(rows: pd.DataFrame) -> None:
         (agent, algo), exps = next(iter(mixed.items()))
         raise ValueError(
             f"{agent} ({algo}) has runs of several experiments {exps}: they are not seeds of one another; "
-            "pass one experiment per method (filter evals_df, or workbench.lab.frames.select_runs)"
+            "pass one experiment per method (filter evals_df, or workbench.lab.selection.select_runs)"
         )
 
 

@@ -77,7 +77,7 @@ def train(
         resume: Continue/skip a matching run instead of starting a new one; False always starts a separate
             run (a new directory, never shared).
         reuse_other_code: Also resume or reuse a matching run made by other code (its tables then say which
-            code version made it, `workbench.lab.frames.select_runs`).
+            code version made it, `workbench.lab.selection.select_runs`).
 
     Returns:
         The run directory.

@@ -5,7 +5,7 @@ the LONG frame of ``melt_metric`` for its key family; the table in ``workbench.l
 
 Runs of one method (within one experiment) are seeds of one another: every curve is their mean per step,
 drawn with a ±std band when there are two or more (a single line for one run); ``n`` and ``std`` are in the
-tooltips. Pass the runs of ``workbench.lab.frames.select_runs`` so that only comparable runs are averaged.
+tooltips. Pass the runs of ``workbench.lab.selection.select_runs`` so that only comparable runs are averaged.
 """
 
 from __future__ import annotations
