@@ -119,6 +119,11 @@ def test_summarize_pools_the_code_versions_it_is_told_to_across_folders(cli, tmp
     group = pd.read_csv(tmp_path / "pooled" / "groups.csv").iloc[0]
     assert group["code_version"] == "01d000000000+7e3000000000" and group["seeds"] == "0 1 2"
     assert "pooled by the user" in group["chosen_because"]
+    markdown = (tmp_path / "pooled" / "comparison.md").read_text(encoding="utf-8")
+    assert (
+        "Averaged across code versions" in markdown
+        and "seeds 0 1 2 of code versions 01d000000000, 7e3" in markdown
+    )
     code, out = cli("summarize", *roots, "--out", str(tmp_path / "one"), "--same-code", "01d000000000")
     assert code == 2 and "same_code = ['01d000000000'] is not allowed: name two code versions" in out
 

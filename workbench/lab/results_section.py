@@ -125,6 +125,8 @@ def render_results_section(summary_dir: str | Path, link_from: str | Path | None
     pooled = (
         groups[groups["code_version"].astype(str).str.contains("+", regex=False)] if len(groups) else groups
     )
+    if len(pooled):
+        lines += ["", "Averaged across code versions (`summarize --same-code`):"]
     for _, g in pooled.iterrows():
         lines.append(f"- {g['experiment']}, {g['method']}: seeds {g['seeds']} of {g['chosen_because']}.")
     lines += [
