@@ -118,10 +118,10 @@ real-pair-collapse: $(STAMP)
 # The paper's regime on the real pair: the capability estimate from 128 samples a step (P 16 x G 8 per agent,
 # 8-prompt mini-batches: still 4 updates per learner per step) instead of 32, GSPO and HACPO, seeds 0 and 1.
 # By default the recipe's prompt budget (8 steps x 16 prompts = 128 against 30 x 4 = 120; evaluations at steps
-# 0, 4 and 8): ≈ 1 h a HACPO run on one of 2 cores; REAL_PAIR_P16_STEPS=30 keeps the recipe's step count
-# (≈ 4 h). One torch thread each (REAL_PAIR_P16_THREADS; a run resumes deterministically only at the count it
-# started with, so two of these can share 2 cores, e.g. REAL_PAIR_P16_METHODS=hacpo beside =gspo); runs in
-# results/real_pair_p16/ (resumable).
+# 0, 4 and 8): ≈ 2 h a HACPO run on one of 2 cores beside another, half of it evaluating; REAL_PAIR_P16_STEPS=30
+# keeps the recipe's step count (≈ 5 h). One torch thread each (REAL_PAIR_P16_THREADS; a run resumes
+# deterministically only at the count it started with, so two of these can share 2 cores, e.g.
+# REAL_PAIR_P16_METHODS=hacpo beside =gspo); runs in results/real_pair_p16/ (resumable).
 REAL_PAIR_P16_SEEDS ?= 0,1
 REAL_PAIR_P16_METHODS ?= gspo hacpo
 REAL_PAIR_P16_THREADS ?= 1
