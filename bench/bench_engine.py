@@ -28,7 +28,7 @@ from workbench.agents.generation.rollout import generate
 from workbench.agents.generation.vllm_engine import EngineError, VLLMEngine, engine_python
 from workbench.agents.models.loading import load_agent
 from workbench.config.loading import load_experiment
-from workbench.core.paths import PROJECT_ROOT
+from workbench.core.env import PROJECT_ROOT
 from workbench.tasks.arithmetic import embedded_task
 from workbench.train.batches import UpdateSettings
 from workbench.train.scoring import sampler_log_ratios, score_own

@@ -26,7 +26,7 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from workbench.agents.generation.vllm_engine import EngineError, engine_python
-from workbench.core.paths import PROJECT_ROOT
+from workbench.core.env import PROJECT_ROOT
 
 PHASES = ("step", "rollout", "generate", "update")
 

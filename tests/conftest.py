@@ -71,7 +71,7 @@ def bpe_agent(bpe_agent_dir):
 @pytest.fixture(scope="session")
 def smollm2_dir(hacpo_cache):
     """The embedded SmolLM2 converted into the session cache (≈25-40 s, once per session)."""
-    from workbench.agents.models.embedded import ensure_embedded
+    from workbench.agents.models.shipped import ensure_embedded
 
     return ensure_embedded("smollm2-135m-instruct")
 
@@ -79,7 +79,7 @@ def smollm2_dir(hacpo_cache):
 @pytest.fixture(scope="session")
 def gemma3_dir(hacpo_cache):
     """The embedded Gemma-3-270M converted into the session cache (≈45 s-2 min, once per session)."""
-    from workbench.agents.models.embedded import ensure_embedded
+    from workbench.agents.models.shipped import ensure_embedded
 
     return ensure_embedded("gemma3-270m")
 

@@ -11,9 +11,8 @@ from workbench.agents.forward.agent import AgentLoadError, state_digest
 from workbench.agents.forward.passes import reference_token_logprobs, sequence_logprobs, token_logprobs
 from workbench.agents.forward.sharing import build_training_batch
 from workbench.agents.forward.tokens import self_token_batch
-from workbench.agents.generation.kvcache import preallocate
 from workbench.agents.generation.rollout import generate
-from workbench.agents.generation.sampling import pick_B, shared_prefix
+from workbench.agents.generation.sampling import pick_B, preallocate, shared_prefix
 from workbench.agents.models.hf import bnb_config, lora_config
 from workbench.agents.models.loading import load_agent
 from workbench.config.agent_spec import AgentSpec, AgentSpecError, LoraSpec

@@ -14,7 +14,7 @@ from fake_runs import write_run
 
 from workbench.__main__ import main
 from workbench.core import env
-from workbench.core.paths import PROJECT_ROOT
+from workbench.core.env import PROJECT_ROOT
 from workbench.core.progress import bar
 from workbench.jobs.commands import committed_files, split_experiment
 from workbench.jobs.runner import _quiet_kernel, smoke_overrides

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from workbench.config.checks import TRL_NAMES
 from workbench.config.experiment import ConfigError, from_dict
 from workbench.config.loading import config_hash, load_experiment
-from workbench.config.trl import TRL_NAMES
-from workbench.core.paths import PROJECT_ROOT
+from workbench.core.env import PROJECT_ROOT
 
 BASE = {"experiment": "x", "agents": ["tiny:gpt2-char", "tiny:llama-bpe"]}
 

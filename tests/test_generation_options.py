@@ -8,9 +8,9 @@ import torch
 
 from workbench.agents.forward.sharing import reencode_response
 from workbench.agents.generation import decode
+from workbench.agents.generation.decode import penalize, seen_tokens
 from workbench.agents.generation.rollout import generate
 from workbench.agents.generation.sampling import pick_B
-from workbench.agents.generation.shaping import penalize, seen_tokens
 from workbench.agents.models.loading import load_agent
 from workbench.train.exchange import as_cross_rollout, share
 

@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from workbench.agents.plan.precision import autocast_dtype, precision_policy
+from workbench.agents.plan.shapes import autocast_dtype, precision_policy
 from workbench.config.agent_spec import AgentSpec
 from workbench.config.experiment import from_dict
 from workbench.lab.frames import load_runs

@@ -25,7 +25,7 @@ from workbench.agents.plan.shapes import REFERENCE_CONFIGS, Inventory
 from workbench.config.agent_spec import AgentSpec
 from workbench.config.experiment import from_dict
 from workbench.config.loading import load_experiment
-from workbench.core.paths import project_path
+from workbench.core.env import project_path
 from workbench.train.plan import AgentFacts, micro_batch_rows, plan_experiment, render
 from workbench.train.rundir import RunWriter, create_run_dir
 from workbench.train.trainer import start_trainer

@@ -188,7 +188,7 @@ def test_diagnostics_notebook_reads_the_committed_real_pair_runs(tmp_path, cwd):
 
 
 def test_project_paths_resolve_from_any_working_directory(tmp_path, monkeypatch):
-    from workbench.core.paths import PROJECT_ROOT, project_path
+    from workbench.core.env import PROJECT_ROOT, project_path
 
     monkeypatch.chdir(ROOT / "notebooks")  # where a JupyterLab kernel starts
     assert project_path("experiments/quickstart.yaml") == PROJECT_ROOT / "experiments" / "quickstart.yaml"

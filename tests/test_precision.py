@@ -12,7 +12,7 @@ import torch
 from workbench.agents.forward.agent import precision
 from workbench.agents.models.hf import build_model
 from workbench.agents.models.loading import load_agent
-from workbench.agents.plan.precision import (
+from workbench.agents.plan.shapes import (
     Precision,
     autocast_dtype,
     precision_policy,

@@ -10,7 +10,7 @@ import pytest
 from workbench.agents.models import loading, zoo
 from workbench.config.checks import ConfigError
 from workbench.config.loading import load_experiment
-from workbench.core.paths import PROJECT_ROOT
+from workbench.core.env import PROJECT_ROOT
 from workbench.train import preflight
 from workbench.train.preflight import check_experiment, experiment_problems
 

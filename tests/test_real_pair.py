@@ -10,7 +10,7 @@ from workbench.agents.models.loading import load_agent
 from workbench.agents.models.warm import WARM_STARTS
 from workbench.config.agent_spec import AgentSpec
 from workbench.config.loading import load_experiment
-from workbench.core.paths import PROJECT_ROOT
+from workbench.core.env import PROJECT_ROOT
 from workbench.core.types import Rollout
 from workbench.tasks.arithmetic import REGIMES, embedded_solution, embedded_task
 from workbench.tasks.rewards import grade

@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 import torch
 
-from workbench.agents.forward import threads
-from workbench.agents.forward.threads import SERIAL_WORK, serial_work, threads_for
+from workbench.agents.forward import agent as agent_module
+from workbench.agents.forward.agent import SERIAL_WORK, serial_work, threads_for
 from workbench.agents.generation.rollout import generate
 
 
@@ -48,7 +48,7 @@ def test_generation_runs_serial_for_small_batches(char_agent, two_threads, monke
     monkeypatch.setattr(char_agent.model, "forward", forward)
     generate(char_agent, ["1+2="], 4, temperature=1.0, seed=0, max_new_tokens=3)
     assert seen and set(seen) == {1}
-    monkeypatch.setattr(threads, "SERIAL_WORK", 0)  # nothing is small: the caller's two threads
+    monkeypatch.setattr(agent_module, "SERIAL_WORK", 0)  # nothing is small: the caller's two threads
     seen.clear()
     generate(char_agent, ["1+2="], 4, temperature=1.0, seed=0, max_new_tokens=3)
     assert seen and set(seen) == {2}

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from workbench.config.loading import load_experiment
-from workbench.core.paths import PROJECT_ROOT
+from workbench.core.env import PROJECT_ROOT
 from workbench.train.rundir import RunWriter, create_run_dir
 from workbench.train.tracking import SINKS, Tracker, report_to_problem
 

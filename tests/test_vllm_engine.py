@@ -269,7 +269,7 @@ def test_a_server_stops_when_the_process_that_started_it_is_killed_outright(
 
     import psutil
 
-    from workbench.core.paths import PROJECT_ROOT
+    from workbench.core.env import PROJECT_ROOT
 
     folder = write_policy(lora_smollm2, tmp_path / "policy")
     script = (
@@ -306,7 +306,7 @@ def test_a_hacpo_run_of_the_real_pair_samples_with_the_engine_and_resumes_after_
     after step 1: the next rollout is a named error, and the resumed run ends with the same weights."""
     import psutil
 
-    from workbench.core.paths import PROJECT_ROOT
+    from workbench.core.env import PROJECT_ROOT
     from workbench.train.checkpoint import load_latest_checkpoint
     from workbench.train.run import train
 

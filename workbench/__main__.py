@@ -81,7 +81,7 @@ def _size(text: str) -> int:
 def _cmd_plan(args: argparse.Namespace) -> int:
     from workbench.config.checks import ConfigError
     from workbench.config.loading import load_experiment
-    from workbench.core.paths import project_path
+    from workbench.core.env import project_path
     from workbench.tasks.prompts import build_prompt
     from workbench.tasks.sources import load_tasks
     from workbench.train.plan import facts_from_config, plan_experiment, render
@@ -172,7 +172,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from workbench.agents.models.export import export_run
     from workbench.agents.models.loading import is_run_dir
     from workbench.config.checks import ConfigError
-    from workbench.core.paths import project_path
+    from workbench.core.env import project_path
 
     run_dir = project_path(args.run_dir)
     if not is_run_dir(run_dir):

@@ -5,7 +5,7 @@ allowed); ``METHODS`` is the one table of algorithms, baselines and ablations wi
 """
 
 from workbench.config.agent_spec import AgentSpec, AgentSpecError, LoraSpec
-from workbench.config.checks import ConfigError
+from workbench.config.checks import ConfigError, FrozenMap
 from workbench.config.experiment import (
     ExperimentConfig,
     HacpoConfig,
@@ -15,7 +15,6 @@ from workbench.config.experiment import (
     TrainConfig,
     expand_seeds,
 )
-from workbench.config.frozen import FrozenMap
 from workbench.config.loading import load_experiment, parse_overrides
 from workbench.config.methods import ALGORITHMS, METHODS, Method
 

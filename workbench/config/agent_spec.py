@@ -23,11 +23,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from workbench.config.checks import ConfigError, reject_unknown, unknown_key_problems
-from workbench.config.frozen import FrozenMap, freeze, thaw
+from workbench.config.checks import (
+    ConfigError,
+    FrozenMap,
+    freeze,
+    reject_unknown,
+    suggestion,
+    thaw,
+    unknown_key_problems,
+)
 from workbench.config.peft_fields import SET_BY_WORKBENCH, lora_fields, value_problem
 from workbench.config.sections import LR_SCHEDULES
-from workbench.config.trl import suggestion
 
 QUANTIZATIONS = ("none", "4bit", "8bit")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -158,7 +164,7 @@ class AgentSpec:
     """bitsandbytes compute dtype; ``auto`` = float32 on CPU (bf16 is ~20x slower there), bfloat16 on CUDA."""
     dtype: str = "auto"
     """Weight dtype; ``auto`` = float32 on CPU; on CUDA bfloat16 for a LoRA base, float32 master weights under
-    bf16 autocast for full fine-tuning (`workbench.agents.plan.precision.resolve_dtype`)."""
+    bf16 autocast for full fine-tuning (`workbench.agents.plan.shapes.resolve_dtype`)."""
     device: str = "auto"
     """``cpu``, ``cuda``, ``cuda:1``...; ``auto`` = ``cuda`` when available, else ``cpu``."""
     gradient_checkpointing: bool = False

@@ -3,32 +3,128 @@
 Every config dataclass calls :func:`coerce_fields` and :func:`require` from its ``__post_init__``, so a bad
 value is caught however the object is made (``from_dict``, the constructor, ``dataclasses.replace``) and the
 message names the key, the value and what is allowed.
+
+Coming from TRL: `TRL_NAMES` is the one table of where each `GRPOConfig` setting lives here: a TRL (or peft,
+transformers ``TrainingArguments``) name, the workbench key that does the same (empty when nothing does), and
+a note. `suggestion` reads it, and ``difflib`` for near names, so that an unknown key in any section names the
+key meant; ``docs/config.md`` renders it as its "Coming from TRL" table (`workbench.config.reference`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import re
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
-
-from workbench.config.frozen import FrozenMap
-from workbench.config.trl import suggestion
 
 __all__ = [
     "NAME_PATTERN",
+    "TRL_NAMES",
     "ConfigError",
+    "FrozenMap",
     "build",
     "coerce",
     "coerce_fields",
+    "freeze",
     "reject_unknown",
     "require",
     "require_name",
+    "suggestion",
+    "thaw",
     "unknown_key_problems",
 ]
+
+
+# An immutable mapping for config values (task knobs, the switches that define an ablation). A frozen
+# dataclass is only as immutable as its fields: a ``dict`` inside it can still change after validation and
+# makes the config unhashable. `FrozenMap` is a read-only ``Mapping`` (so ``**knobs`` still works) that
+# hashes, pickles and compares equal to a ``dict`` with the same items. `freeze` turns plain YAML data into it
+# (lists become tuples, mappings `FrozenMap`); `thaw` turns it back into plain YAML data.
+
+_SCALARS = (str, int, float, bool, type(None))
+
+
+class FrozenMap(Mapping[str, Any]):
+    """A read-only, hashable, picklable mapping of str keys to frozen YAML values.
+
+    Args:
+        data: A mapping (or ``FrozenMap``) of str keys; nested lists become tuples, nested mappings
+            ``FrozenMap``.
+
+    Raises:
+        TypeError: A non-str key, or a value that is not YAML data (names its key path).
+    """
+
+    __slots__ = ("_items",)
+
+    def __init__(self, data: Mapping[str, Any] | None = None, /) -> None:
+        items = {} if data is None else data
+        if not isinstance(items, Mapping):
+            raise TypeError(f"expected a mapping, got {type(items).__name__} {items!r}")
+        object.__setattr__(self, "_items", {k: freeze(v, str(k)) for k, v in _str_keys(items).items()})
+
+    def __getitem__(self, key: str) -> Any:
+        return self._items[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __hash__(self) -> int:
+        return hash(frozenset(self._items.items()))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"FrozenMap is immutable: cannot set {name!r}")
+
+    def __reduce__(self) -> tuple[type, tuple[dict[str, Any]]]:
+        return (FrozenMap, (self._items,))
+
+    def __repr__(self) -> str:
+        return f"FrozenMap({self._items!r})"
+
+
+def _str_keys(items: Mapping[Any, Any]) -> Mapping[str, Any]:
+    bad = [k for k in items if not isinstance(k, str)]
+    if bad:
+        raise TypeError(f"keys must be str, got {bad[0]!r} ({type(bad[0]).__name__})")
+    return items
+
+
+def freeze(value: Any, where: str = "value") -> Any:
+    """Plain YAML data made immutable: mappings → `FrozenMap`, lists and tuples → tuples, scalars as is.
+
+    Raises:
+        TypeError: A value that YAML cannot represent (names ``where`` and the value).
+    """
+    if isinstance(value, (FrozenMap, *_SCALARS)):
+        return value
+    if isinstance(value, Mapping):
+        return FrozenMap(value)
+    if isinstance(value, list | tuple):
+        return tuple(freeze(v, f"{where}[{i}]") for i, v in enumerate(value))
+    raise TypeError(
+        f"{where} = {value!r} is not allowed: a str, number, bool, null, list or mapping "
+        f"(got {type(value).__name__})"
+    )
+
+
+def thaw(value: Any) -> Any:
+    """The inverse of `freeze`: `FrozenMap` → dict, tuples → lists (what ``yaml.safe_dump`` writes); a
+    dataclass instance (a ``task.rewards`` entry) becomes the mapping of its fields."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: thaw(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Mapping):
+        return {k: thaw(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [thaw(v) for v in value]
+    return value
+
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
 """Names that become directory names or metric-key segments: letters, digits and ``_.+-``."""
@@ -41,7 +137,7 @@ class ConfigError(ValueError):
 
     Args:
         message: The paragraph shown to the user.
-        key: The dotted key at fault (``train.lr``), when one is (lets `workbench.config.problems` report
+        key: The dotted key at fault (``train.lr``), when one is (lets `workbench.config.experiment` report
             every mistake of a config in one pass).
     """
 
@@ -69,7 +165,7 @@ def reject_unknown(
 def unknown_key_problems(data: Mapping[str, Any], cls: type | list[str], section: str = "") -> list[str]:
     """One message per key of ``data`` that is no field of the dataclass ``cls`` (or not in a list of valid
     names): the valid keys, and a "did you mean" for a near name or a TRL name
-    (`workbench.config.trl.suggestion`)."""
+    (`workbench.config.checks.suggestion`)."""
     valid = cls if isinstance(cls, list) else [f.name for f in dataclasses.fields(cls)]
     problems = []
     for name in sorted(set(data) - set(valid), key=str):
@@ -169,3 +265,72 @@ def build(name: str, cls: type, data: Any) -> Any:
         raise ConfigError(f"{name}: expected a mapping of settings, got {data!r}")
     reject_unknown(data, cls, name)
     return cls(**data)
+
+
+# Coming from TRL: where each setting lives here, and the "did you mean" of an unknown key.
+
+TRL_NAMES: dict[str, tuple[str, str]] = {
+    "learning_rate": ("train.lr", "or `agents[i].lr` for one agent"),
+    "lr_scheduler_type": (
+        "train.lr_schedule",
+        "`constant`, `linear` or `cosine`, stepped once per training step",
+    ),
+    "warmup_steps": ("train.warmup_steps", "in training steps"),
+    "warmup_ratio": ("train.warmup_ratio", "of `train.steps`"),
+    "num_generations": ("train.group_size", "G, responses per agent per prompt"),
+    "max_completion_length": ("train.max_new_tokens", ""),
+    "max_steps": ("train.steps", ""),
+    "num_train_epochs": ("train.steps", "steps cycle through `task.train_size` problems"),
+    "per_device_train_batch_size": ("train.prompts_per_step", "prompts, not completions: G each"),
+    "generation_batch_size": ("train.prompts_per_step", "prompts per step"),
+    "steps_per_generation": ("train.minibatch_prompts", "optimizer steps per step = prompts / mini-batch"),
+    "gradient_accumulation_steps": ("train.micro_batch_size", "micro-batches are cut to this size"),
+    "max_grad_norm": ("train.grad_clip", ""),
+    "beta": ("train.kl_coef", "low_var_kl on the learner's own samples"),
+    "epsilon": ("hacpo.eps_low", "GSPO's sequence-level clip"),
+    "epsilon_high": ("hacpo.eps_high", ""),
+    "mask_truncated_completions": ("train.mask_truncated", ""),
+    "scale_rewards": ("hacpo.normalize_by_std", "true = divide by the group's std"),
+    "importance_sampling_level": ("algorithm", "`gspo` is sequence-level, `grpo` token-level"),
+    "loss_type": ("algorithm", "losses are seq-mean-token-mean (`docs/hacpo.md`)"),
+    "reward_funcs": ("task.rewards", "a list of `{fn, weight}`"),
+    "reward_weights": ("task.rewards", "each entry's `weight`"),
+    "generation_kwargs": ("agents[i].top_k", "and `min_p`, `repetition_penalty`, `stop_strings` per agent"),
+    "top_k": ("agents[i].top_k", ""),
+    "min_p": ("agents[i].min_p", ""),
+    "repetition_penalty": ("agents[i].repetition_penalty", ""),
+    "stop": ("agents[i].stop_strings", "vLLM's name"),
+    "lora_alpha": ("agents[i].lora.alpha", "peft's name"),
+    "lora_dropout": ("agents[i].lora.dropout", "peft's name"),
+    "lora_r": ("agents[i].lora.r", ""),
+    "lora_target_modules": ("agents[i].lora.target_modules", ""),
+    "model_name_or_path": ("agents[i].model", ""),
+    "gradient_checkpointing": ("agents[i].gradient_checkpointing", ""),
+    "output_dir": ("output.root", ""),
+    "report_to": ("output.report_to", ""),
+    "save_steps": ("train.save_every", ""),
+    "save_total_limit": ("train.keep_checkpoints", ""),
+    "eval_steps": ("train.eval_every", ""),
+    "dataset_name": ("task.source", ""),
+    "num_iterations": ("", "one update pass over each step's batch (μ = 1)"),
+    "use_vllm": ("train.engine", "`vllm`: a server per agent, weights reloaded each step (`docs/engine.md`)"),
+    "logging_steps": ("", "every step is logged"),
+}
+"""TRL name -> (workbench key, note); an empty key: nothing here does the same (the note says why)."""
+
+
+def suggestion(name: str, valid: Sequence[str], section: str = "") -> str:
+    """ "did you mean ..." for an unknown key ``name`` of ``section`` (its ``valid`` keys), or "".
+
+    A TRL name points at its workbench key (or says that nothing does); otherwise the nearest valid key of
+    the section, when one is close (``difflib``, cutoff 0.75).
+    """
+    if name in TRL_NAMES:
+        target, note = TRL_NAMES[name]
+        if not target:
+            return f"TRL's {name} has no counterpart here: {note}"
+        return f"did you mean {target} (TRL's {name}{': ' + note if note else ''})?"
+    close = difflib.get_close_matches(name, list(valid), n=1, cutoff=0.75)
+    if close:
+        return f"did you mean {section + '.' if section else ''}{close[0]}?"
+    return ""

@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from workbench.config.frozen import FrozenMap
+from workbench.config.checks import FrozenMap
 from workbench.config.sections import HacpoConfig, TrainConfig
 
 __all__ = [

@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from workbench.config.agent_spec import AgentSpec, LoraSpec
+from workbench.config.checks import TRL_NAMES
 from workbench.config.experiment import ExperimentConfig
 from workbench.config.reward_spec import RewardSpec
 from workbench.config.sections import HacpoConfig, OutputConfig, RayConfig, TaskConfig, TrainConfig
-from workbench.config.trl import TRL_NAMES
-from workbench.core.paths import PROJECT_ROOT
+from workbench.core.env import PROJECT_ROOT
 
 __all__ = ["SECTIONS", "field_docs", "render_reference", "write_reference"]
 
@@ -112,12 +112,12 @@ def render_reference() -> str:
 
 def _trl_table() -> list[str]:
     """The "Coming from TRL" section: each ``GRPOConfig`` name and the key that does the same here
-    (`workbench.config.trl.TRL_NAMES`, the table the "did you mean" of an unknown key reads)."""
+    (`workbench.config.checks.TRL_NAMES`, the table the "did you mean" of an unknown key reads)."""
     lines = [
         "## Coming from TRL",
         "",
         "Where each `GRPOConfig` setting (and peft's LoRA names) lives here; an unknown key that is one of",
-        "these names is answered with the key that does the same (`workbench.config.trl`).",
+        "these names is answered with the key that does the same (`workbench.config.checks`).",
         "",
         "| TRL | here | note |",
         "|---|---|---|",

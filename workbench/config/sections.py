@@ -13,8 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from workbench.config.checks import ConfigError, coerce_fields, require, require_name
-from workbench.config.frozen import FrozenMap
+from workbench.config.checks import ConfigError, FrozenMap, coerce_fields, require, require_name
 from workbench.config.reward_spec import RewardSpec, reward_specs
 from workbench.core.knobs import HACPO_KNOBS, knob_problem
 from workbench.tasks.rewards import reward_problem

@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from workbench.config.checks import ConfigError
-from workbench.core.paths import PROJECT_ROOT, project_path
+from workbench.core.env import PROJECT_ROOT, project_path
 
 __all__ = ["committed_files", "held_out_table", "run_command", "split_experiment", "summarize_command"]
 

@@ -33,8 +33,8 @@ from workbench.agents.models.loading import checkpoint_step, is_run_dir, load_ag
 from workbench.config.agent_spec import as_spec
 from workbench.config.checks import ConfigError
 from workbench.config.experiment import ExperimentConfig, from_dict
+from workbench.core.env import project_path
 from workbench.core.io import atomic_write_text
-from workbench.core.paths import project_path
 from workbench.core.types import TaskItem
 from workbench.lab import latex
 from workbench.lab.tables import paper_table

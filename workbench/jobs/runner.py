@@ -7,7 +7,7 @@ skips runs that are complete with the same config and resumes interrupted ones. 
 ``results/index.md`` linking everything.
 
 Notebooks run with their own folder as working directory, as a JupyterLab kernel does: every path a notebook
-uses goes through `workbench.core.paths.project_path`, so ``experiments/...`` and ``results/...`` mean the
+uses goes through `workbench.core.env.project_path`, so ``experiments/...`` and ``results/...`` mean the
 project's folders wherever the kernel starts. Every experiment a job trains is checked by
 `workbench.train.preflight` before the first notebook starts, so a bad input is named before a model loads.
 """
@@ -26,8 +26,8 @@ from typing import Any
 import pandas as pd
 
 from workbench.config.loading import load_experiment
+from workbench.core.env import PROJECT_ROOT, output_paths, project_path, project_paths
 from workbench.core.io import atomic_write_text
-from workbench.core.paths import PROJECT_ROOT, output_paths, project_path, project_paths
 from workbench.train.preflight import check_experiment
 
 __all__ = [

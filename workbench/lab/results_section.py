@@ -15,8 +15,8 @@ from pathlib import Path
 import pandas as pd
 
 from workbench.config.methods import method_label
+from workbench.core.env import PROJECT_ROOT
 from workbench.core.io import atomic_write_text
-from workbench.core.paths import PROJECT_ROOT
 from workbench.lab.ratios import ratio_by_minibatch_markdown
 from workbench.lab.stats import format_cell
 from workbench.lab.verdicts import verdict_line

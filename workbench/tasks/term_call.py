@@ -23,7 +23,7 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from workbench.core.paths import PROJECT_ROOT
+from workbench.core.env import PROJECT_ROOT
 
 __all__ = ["CUSTOM_FUNCTION", "TermValueError", "call_term", "import_function", "import_module", "term_value"]
 

@@ -15,7 +15,7 @@ call (``rollout``, ``update``, ``evaluate``, ``state_dicts``...), each taking an
 ``threads`` runs the costly calls (rollout, update, evaluation) of every agent at once, each on a Python
 thread of its own with ``torch.get_num_threads() // agents`` torch threads (at least 1). torch releases the
 GIL inside its operators, so on CPU two small agents keep both cores busy where ``local`` leaves one idle
-(`workbench.agents.forward.threads`): a quickstart step takes 0.64-0.70× ``local``'s (docs/bench.md).
+(`workbench.agents.forward.agent`): a quickstart step takes 0.64-0.70× ``local``'s (docs/bench.md).
 Each agent's calls are the same float operations as under ``local`` at that many threads, so the results
 are bit-identical to ``local`` (and ``ray``) at equal torch threads (``tests/test_executors.py``). Agents
 on one GPU share it at once, as under Ray: the memory plan gives each an equal share of the device

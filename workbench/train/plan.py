@@ -43,8 +43,7 @@ from workbench.agents.plan.memory import (
     trained_kind,
     training_bytes,
 )
-from workbench.agents.plan.precision import precision_policy
-from workbench.agents.plan.shapes import Inventory, checkpoint_bytes
+from workbench.agents.plan.shapes import Inventory, checkpoint_bytes, precision_policy
 from workbench.config.agent_spec import AgentSpec
 from workbench.config.experiment import ExperimentConfig
 

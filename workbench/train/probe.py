@@ -15,9 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from workbench.agents.forward.agent import Agent
+from workbench.agents.forward.agent import Agent, threads_for_pass
 from workbench.agents.forward.passes import token_logprobs
-from workbench.agents.forward.threads import threads_for_pass
 from workbench.core import losses
 from workbench.train.batches import LearnerBatch
 from workbench.train.scoring import policy_batch

@@ -23,9 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
-from workbench.agents.forward.agent import Agent
+from workbench.agents.forward.agent import Agent, threads_for_pass
 from workbench.agents.forward.passes import reference_token_logprobs, token_logprobs
-from workbench.agents.forward.threads import threads_for_pass
 from workbench.agents.forward.tokens import TokenBatch, self_token_batch
 from workbench.core.losses import PolicyBatch, length_normalized_logp
 from workbench.core.progress import ticking

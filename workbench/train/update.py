@@ -25,10 +25,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from workbench.agents.forward.agent import Agent
+from workbench.agents.forward.agent import Agent, threads_for_pass
 from workbench.agents.forward.packing import packed_attention, supports_packing
 from workbench.agents.forward.passes import token_logprobs
-from workbench.agents.forward.threads import threads_for_pass
 from workbench.agents.forward.tokens import TokenBatch
 from workbench.core import losses
 from workbench.core.losses import LossParams, low_var_kl

@@ -1,17 +1,30 @@
 """The decode loops of `workbench.agents.generation.rollout.generate`: one forward per new token after the
 prefill.
 
-- `_decode` (default): over the growing preallocated cache
-  (`workbench.agents.generation.kvcache.preallocate`); rows that finish leave the batch and the cache at once,
-  so a batch costs what its live rows cost.
+- `_decode` (default): over the growing preallocated cache (`sampling.preallocate`); rows that finish
+  leave the batch and the cache at once, so a batch costs what its live rows cost.
 - `_decode_static` (``train.compile_decode``): the decode step under ``torch.compile`` over a static cache
-  (`workbench.agents.generation.kvcache.make_static`), CUDA graphs on GPU; every row stays until all have
+  (`workbench.agents.generation.sampling.make_static`), CUDA graphs on GPU; every row stays until all have
   finished, so each step has the same shapes and replays one graph instead of launching thousands of small
   kernels.
 
 Both draw tokens with `workbench.agents.generation.sampling.pick_B` for the live rows, in the same order,
-through the same `_Shaper` (the agent's repetition penalty and stop strings,
-`workbench.agents.generation.shaping`): equal logits give equal samples.
+through the same `_Shaper`: equal logits give equal samples.
+
+An agent's generation options beyond temperature and top-p (`Shaping`: ``agents[i].top_k``, ``min_p``,
+``repetition_penalty``, ``stop_strings``; TRL's ``generation_kwargs``) act in this order in both loops:
+
+1. the repetition penalty on the raw logits (`penalize`, transformers' ``RepetitionPenaltyLogitsProcessor``:
+   a logit of a token already in the prompt or the response is divided by the penalty, multiplied when
+   negative), greedy decoding included;
+2. temperature, then top-k and min-p (`workbench.agents.generation.sampling.pick_B`), then top-p;
+3. after each token, a row whose text now holds a stop string ends (`StopWatch.hits`); its response is then
+   cut before the token in which the string begins (`StopWatch.cut`), so the text that is graded and the
+   token ids that are trained end at the same place.
+
+Each is off at its default (0, 0, 1, none): the default draw is bit-identical to one without them. They shape
+what is sampled only: the importance ratios are of softmax(logits / temperature), as for top-p (and as in TRL
+and verl).
 """
 
 from __future__ import annotations
@@ -19,18 +32,19 @@ from __future__ import annotations
 import logging
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from workbench.agents.forward.threads import threads_for
+from workbench.agents.forward.agent import threads_for
 from workbench.agents.generation.sampling import Prefilled, chunked_head, pick_B, prefill
-from workbench.agents.generation.shaping import Shaping, StopWatch, penalize, seen_tokens
 
 if TYPE_CHECKING:
     from workbench.agents.forward.agent import Agent
 
-__all__ = ["sample_rows"]
+__all__ = ["Shaping", "StopWatch", "penalize", "sample_rows", "seen_tokens"]
+
 
 logger = logging.getLogger(__name__)
 
@@ -39,8 +53,8 @@ _WARNED: set[str] = set()
 
 
 class _Shaper:
-    """The per-step part of an agent's generation options (`workbench.agents.generation.shaping`): the
-    repetition penalty's memory of each row's tokens, the stop strings' watch, each row's finish reason."""
+    """The per-step part of an agent's generation options (`Shaping`, below): the repetition penalty's
+    memory of each row's tokens, the stop strings' watch, each row's finish reason."""
 
     def __init__(
         self,
@@ -236,3 +250,75 @@ def _warn_not_static(agent: Agent) -> None:
             "agent %s: compile_decode needs full-attention layers only (a static KV cache); decoding eagerly",
             agent.name,
         )
+
+
+# The agent's generation options (`Shaping`), used by `_Shaper` above.
+
+
+@dataclass(frozen=True)
+class Shaping:
+    """The options of one agent (its spec's fields)."""
+
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    stop_strings: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, spec: Any) -> Shaping:
+        """The options of an `workbench.config.agent_spec.AgentSpec`."""
+        return cls(spec.top_k, spec.min_p, spec.repetition_penalty, tuple(spec.stop_strings))
+
+
+def seen_tokens(prompts: list[list[int]], vocab: int, device: torch.device) -> torch.Tensor:
+    """``seen_R_V``: True where token v is in row r's prompt (the repetition penalty's memory)."""
+    seen_R_V = torch.zeros((len(prompts), vocab), dtype=torch.bool, device=device)
+    for r, prompt in enumerate(prompts):
+        ids = torch.tensor([t for t in prompt if t < vocab], dtype=torch.long, device=device)
+        seen_R_V[r, ids] = True
+    return seen_R_V
+
+
+def penalize(logits_B_V: torch.Tensor, seen_B_V: torch.Tensor, penalty: float) -> torch.Tensor:
+    """The logits with every seen token's divided by ``penalty`` (multiplied when negative)."""
+    penalized_B_V = torch.where(logits_B_V < 0, logits_B_V * penalty, logits_B_V / penalty)
+    return torch.where(seen_B_V, penalized_B_V, logits_B_V)
+
+
+class StopWatch:
+    """Finds an agent's stop strings in its responses while they are sampled and cuts the responses there.
+
+    Args:
+        tokenizer: The agent's tokenizer (decodes with special tokens skipped, as rollout texts are).
+        strings: The stop strings (non-empty).
+    """
+
+    def __init__(self, tokenizer: Any, strings: tuple[str, ...]) -> None:
+        self.tokenizer, self.strings = tokenizer, strings
+        # A window of tokens that holds the longest string (a token decodes to one character at least, a
+        # byte-level one to a part of one).
+        self.window = 4 * max(len(s) for s in strings) + 4
+
+    def hits(self, tokens_R_N: torch.Tensor, rows_B: torch.Tensor, step: int) -> torch.Tensor:
+        """``hit_B``: whether row ``rows_B[b]``'s last tokens (up to ``step``) now hold a stop string."""
+        start = max(0, step + 1 - self.window)
+        tails = tokens_R_N[rows_B, start : step + 1].tolist()
+        texts = self.tokenizer.batch_decode(
+            [[t for t in tail if t >= 0] for tail in tails], skip_special_tokens=True
+        )
+        return torch.tensor([any(s in text for s in self.strings) for text in texts], device=rows_B.device)
+
+    def cut(self, response_ids: list[int], text: str, reason: str) -> tuple[list[int], str, str]:
+        """``(ids, text, reason)`` of a response cut before its first stop string (reason ``stop``): the
+        longest prefix of its tokens whose text does not reach into the string, and that text; unchanged when
+        its text holds none."""
+        found = [i for i in (text.find(s) for s in self.strings) if i >= 0]
+        if not found:
+            return response_ids, text, reason
+        at, n = min(found), len(response_ids)
+        while n > 0:
+            prefix = self.tokenizer.decode(response_ids[:n], skip_special_tokens=True)
+            if len(prefix) <= at and text.startswith(prefix):
+                return response_ids[:n], prefix, "stop"
+            n -= 1
+        return [], "", "stop"

@@ -1,7 +1,7 @@
 """Rollouts: batched sampling with a KV cache (`generate`).
 
 A prefill, then one forward per new token over a preallocated KV cache
-(`workbench.agents.generation.kvcache`). The prefill runs each distinct prompt once (its n samples share it)
+(`workbench.agents.generation.sampling`). The prefill runs each distinct prompt once (its n samples share it)
 and the prefix all prompts share (a chat template's system turn) once. Rows that finished are dropped from the
 batch (and its cache) as they finish, so a batch costs what its live rows cost. Tokens are drawn by inverse
 CDF, one uniform per row and step (same seed, same samples). Batches hold as many rows as the memory budget
@@ -17,8 +17,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from workbench.agents.generation.decode import sample_rows
-from workbench.agents.generation.shaping import StopWatch
+from workbench.agents.generation.decode import StopWatch, sample_rows
 from workbench.agents.plan.memory import generation_rows
 from workbench.core.progress import bar
 from workbench.core.types import Rollout
@@ -82,7 +81,7 @@ def generate(
         ``finish_reason == "eos"``; ``text`` is decoded with special tokens skipped and without that terminal
         token. A response that reached one of the agent's stop strings (``finish_reason == "stop"``) ends,
         ids and text alike, before the token in which the string begins
-        (`workbench.agents.generation.shaping`). The agent's top-k, min-p and repetition penalty shape the
+        (`workbench.agents.generation.decode`). The agent's top-k, min-p and repetition penalty shape the
         draw. Old log-probs are not filled (`workbench.train.scoring.score_self` does that).
     """
     temperature = agent.spec.temperature if temperature is None else temperature

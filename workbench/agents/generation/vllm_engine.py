@@ -47,7 +47,7 @@ from typing import Any
 from workbench.agents.forward.agent import Agent
 from workbench.agents.forward.merged import write_policy
 from workbench.agents.generation.rollout import check_context, to_rollouts
-from workbench.core.paths import project_path
+from workbench.core.env import project_path
 from workbench.core.types import Rollout
 
 __all__ = ["ENGINE_ENV", "EngineError", "EngineServer", "VLLMEngine", "engine_python"]

@@ -38,9 +38,9 @@ from typing import Any
 import torch
 
 from workbench.agents.forward.agent import Agent, AgentLoadError
-from workbench.agents.plan.precision import Precision, precision_policy, resolve_device
+from workbench.agents.plan.shapes import Precision, precision_policy, resolve_device
 from workbench.config.agent_spec import QUANTIZATIONS, AgentSpec, AgentSpecError, LoraSpec, choice
-from workbench.config.frozen import thaw
+from workbench.config.checks import thaw
 from workbench.core import env
 
 __all__ = [

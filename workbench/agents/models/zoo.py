@@ -43,9 +43,9 @@ from typing import Any
 import torch
 
 from workbench.agents.models.hf import build_agent
-from workbench.agents.models.sft import greedy_accuracy, solution_pairs, supervised_steps
 from workbench.agents.models.shipped import ship, shipped_card, shipped_dir
 from workbench.agents.models.tiny_tokenizers import build_tokenizer
+from workbench.agents.models.warm import greedy_accuracy, solution_pairs, supervised_steps
 from workbench.config.agent_spec import DEFAULT_PROMPT_TEMPLATE, AgentSpec
 from workbench.core.env import cache_root
 from workbench.core.io import atomic_write_json
@@ -194,7 +194,7 @@ def warm_start(
 
     Each step takes ``batch_size`` fresh i.i.d. problems of the default regime (``embedded_task`` is
     prefix-stable), so the data of a shorter build is a prefix of a longer one's; the prompts are the bare
-    questions in the agent's own format, as rollouts show them (`workbench.agents.models.sft`).
+    questions in the agent's own format, as rollouts show them (`workbench.agents.models.warm`).
     """
     if steps == 0:
         return float("nan")

@@ -198,7 +198,7 @@ def agent_memory(
         kl: Whether the KL term is on (a full fine-tune then keeps a frozen reference copy).
         checkpoint_bytes: Bytes per parameter of the checkpoint file (its config's ``dtype``).
     """
-    from workbench.agents.plan.precision import precision_policy
+    from workbench.agents.plan.shapes import precision_policy
 
     policy = precision_policy(spec, device_type)
     w = element_bytes(policy.weights)
@@ -343,7 +343,7 @@ def generation_rows(
             device's memory, less the runtime and the model's own tensors.
         memory_fraction: Share of the device's memory the budget may fill when ``budget`` is None.
     """
-    from workbench.agents.plan.precision import precision_policy
+    from workbench.agents.plan.shapes import precision_policy
 
     dims = ModelDims.from_config(agent.model.config)
     act = element_bytes(precision_policy(agent.spec, agent.device.type).activations)
