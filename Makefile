@@ -121,7 +121,8 @@ real-pair-collapse: $(STAMP)
 # 0, 4 and 8): ≈ 2 h a HACPO run on one of 2 cores beside another, half of it evaluating; REAL_PAIR_P16_STEPS=30
 # keeps the recipe's step count (≈ 5 h). One torch thread each (REAL_PAIR_P16_THREADS; a run resumes
 # deterministically only at the count it started with, so two of these can share 2 cores, e.g.
-# REAL_PAIR_P16_METHODS=hacpo beside =gspo); runs in results/real_pair_p16/ (resumable).
+# REAL_PAIR_P16_METHODS=hacpo beside =gspo); runs in results/real_pair_p16/ (resumable), the summary and the
+# diagnostics view (notebooks/07_diagnostics.ipynb) in results/summary/real_pair_p16/.
 REAL_PAIR_P16_SEEDS ?= 0,1
 REAL_PAIR_P16_METHODS ?= gspo hacpo
 REAL_PAIR_P16_THREADS ?= 1
@@ -135,6 +136,9 @@ real-pair-p16: $(STAMP)
 	    train.samples_per_step=16 output.root=results/real_pair_p16 || exit $$?; \
 	done
 	$(PY) -m workbench summarize results/real_pair_p16 --out results/summary/real_pair_p16 --force
+	mkdir -p results/summary/real_pair_p16/diagnostics && $(VENV)/bin/papermill notebooks/07_diagnostics.ipynb \
+	  results/summary/real_pair_p16/diagnostics/07_diagnostics.ipynb --cwd notebooks \
+	  -y "{runs: [results/real_pair_p16/real_pair_p16], out_dir: results/summary/real_pair_p16/diagnostics}"
 
 # The paper's ablations on the tiny model pair (notebooks/04_ablations.ipynb): HACPO, − Adv, − ω, α 0/2/3, no Stepwise,
 # no Clip, Naive and symmetric Naive, 3 seeds, 40 steps; runs in results/ablations/, the committed summary in
