@@ -165,7 +165,7 @@ def reject_unknown(
 def unknown_key_problems(data: Mapping[str, Any], cls: type | list[str], section: str = "") -> list[str]:
     """One message per key of ``data`` that is no field of the dataclass ``cls`` (or not in a list of valid
     names): the valid keys, and a "did you mean" for a near name or a TRL name
-    (`workbench.config.checks.suggestion`)."""
+    (`suggestion`)."""
     valid = cls if isinstance(cls, list) else [f.name for f in dataclasses.fields(cls)]
     problems = []
     for name in sorted(set(data) - set(valid), key=str):

@@ -243,7 +243,7 @@ def from_dict(data: Mapping[str, Any]) -> ExperimentConfig:
 
     Unknown keys are errors here; every other check runs on construction (``ExperimentConfig.__post_init__``).
     A config with several mistakes raises one `ConfigError` listing all of them
-    (`workbench.config.experiment.config_problems`).
+    (`config_problems`).
     """
     if not isinstance(data, Mapping):
         raise ConfigError(f"an experiment config must be a mapping, got {type(data).__name__}")

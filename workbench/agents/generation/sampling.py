@@ -158,7 +158,7 @@ class Prefilled:
     """Position of each row's last token."""
     length: int
     static: bool = False
-    """The cache is a `workbench.agents.generation.sampling.make_static` one (else growing, `preallocate`)."""
+    """The cache is a `make_static` one (else growing, `preallocate`)."""
 
 
 @torch.no_grad()
@@ -173,8 +173,8 @@ def prefill(
     forward pass (``rows_R`` maps each sample to its distinct prompt).
 
     With ``static`` the capacity is rounded up to a multiple of `STATIC_CAPACITY_STEP` (fewer distinct shapes
-    to compile) and the cache becomes `workbench.agents.generation.sampling.make_static` buffers when every
-    layer allows it, else the growing cache (``Prefilled.static`` says which).
+    to compile) and the cache becomes `make_static` buffers when every layer allows it, else the growing
+    cache (``Prefilled.static`` says which).
     """
     model, device = agent.model, agent.device
     distinct: dict[tuple[int, ...], int] = {}
