@@ -56,7 +56,8 @@ def test_cache_is_rebuilt_when_missing_or_incomplete(tmp_path, monkeypatch):
     (target / shipped.DONE_MARKER).unlink()  # an interrupted conversion leaves no marker
     ensure_embedded("smollm2-135m-instruct", cache_dir=tmp_path)
     assert len(calls) == 2 and is_cached(target)
-    assert [p.name for p in target.parent.iterdir()] == ["smollm2-135m-instruct"]  # no scratch left behind
+    names = sorted(p.name for p in target.parent.iterdir())
+    assert names == [".smollm2-135m-instruct.lock", "smollm2-135m-instruct"]  # no scratch left behind
 
 
 def test_smollm2_loads_offline_and_answers_a_chat_prompt(smollm2_dir, monkeypatch):

@@ -32,15 +32,12 @@ later loads read that directory (≈0.2 s). A missing or incomplete cache direct
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import importlib.util
 import json
 import logging
-import os
 import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,6 +46,7 @@ from typing import Any
 
 from workbench.core.env import PROJECT_ROOT, cache_root
 from workbench.core.io import atomic_write_json
+from workbench.core.lock import build_once
 
 __all__ = ["MANIFEST", "ZOO_ROOT", "ShippedError", "manifest", "ship", "shipped_card", "shipped_dir"]
 
@@ -300,20 +298,5 @@ def ensure_embedded(name: str, *, cache_dir: Path | str | None = None, force: bo
     if is_cached(target) and not force:
         return target
     _package_dir(entry, name)  # fail fast, before any work, when the package is missing
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # Convert into a temporary sibling directory, then move it into place: a killed conversion never
-    # leaves a directory that looks complete.
-    scratch = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=target.parent))
-    try:
-        _convert(entry, name, scratch)
-        if target.exists():
-            shutil.rmtree(target)
-        try:
-            os.replace(scratch, target)
-        except OSError:
-            if not is_cached(target):  # another process finished first when the target is complete
-                raise
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            shutil.rmtree(scratch)
+    build_once(target, lambda scratch: _convert(entry, name, scratch), complete=is_cached, force=force)
     return target

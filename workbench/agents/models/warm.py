@@ -23,13 +23,9 @@ warm:<name>`` retrains it on this machine and reports how far it lands from the 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import logging
-import os
-import shutil
-import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -45,6 +41,7 @@ from workbench.agents.models.shipped import ensure_embedded, ship, shipped_card,
 from workbench.config.agent_spec import DEFAULT_PROMPT_TEMPLATE, AgentSpec, LoraSpec
 from workbench.core.env import cache_root
 from workbench.core.io import atomic_write_json
+from workbench.core.lock import build_once
 from workbench.core.machine import machine_info
 from workbench.tasks.arithmetic import embedded_task
 from workbench.tasks.prompts import build_prompt
@@ -159,23 +156,8 @@ def _merge_into(preset: WarmStart, adapter: Path, out_dir: Path) -> None:
     AutoTokenizer.from_pretrained(base_dir).save_pretrained(out_dir)
 
 
-def _atomic_dir(target: Path, fill: Any) -> Path:
-    """Fills a scratch sibling of ``target`` with ``fill(scratch)``, then moves it into place."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        fill(scratch)
-        if target.exists():
-            shutil.rmtree(target)
-        try:
-            os.replace(scratch, target)
-        except OSError:
-            if not (target / DONE_MARKER).is_file():  # another process finished the same work first
-                raise
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            shutil.rmtree(scratch)
-    return target
+def _done(folder: Path) -> bool:
+    return (folder / DONE_MARKER).is_file()
 
 
 def warm_source(name: str, *, adapter_dir: Path | None = None) -> Path:
@@ -200,7 +182,7 @@ def warm_source(name: str, *, adapter_dir: Path | None = None) -> Path:
     adapter = folder / ADAPTER
     digest = _short_digest(adapter)
     target = cache_root() / "warm" / f"{name}-{digest}"
-    if (target / DONE_MARKER).is_file():
+    if _done(target):
         return target
 
     def fill(scratch: Path) -> None:
@@ -210,7 +192,8 @@ def warm_source(name: str, *, adapter_dir: Path | None = None) -> Path:
         atomic_write_json(scratch / DONE_MARKER, info)
 
     logger.info("merging warm start %s into %s (first use only)", name, preset.base)
-    return _atomic_dir(target, fill)
+    build_once(target, fill, complete=_done)
+    return target
 
 
 def _short_digest(path: Path) -> str:
@@ -278,7 +261,7 @@ def rebuild_warm(name: str, *, ship_it: bool = False) -> dict[str, Any]:
         card.update(_train_into(name, preset, scratch))
         atomic_write_json(scratch / DONE_MARKER, card)
 
-    _atomic_dir(out, fill)
+    build_once(out, fill, complete=lambda folder: False)  # always a fresh build
     shipped, shipped_path = shipped_card("warm", name), shipped_dir("warm", name)
     same = (
         None

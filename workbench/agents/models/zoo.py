@@ -31,9 +31,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import os
-import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,6 +46,7 @@ from workbench.agents.models.warm import greedy_accuracy, solution_pairs, superv
 from workbench.config.agent_spec import DEFAULT_PROMPT_TEMPLATE, AgentSpec
 from workbench.core.env import cache_root
 from workbench.core.io import atomic_write_json
+from workbench.core.lock import build_once
 from workbench.core.machine import machine_info
 from workbench.tasks.arithmetic import embedded_task
 
@@ -260,25 +258,18 @@ def build_tiny(
     preset = tiny_preset(preset_name)
     steps = _warm_steps(preset, warm_steps)
     target = tiny_dir(preset_name, cache_dir=cache_dir, warm_steps=steps)
-    if (target / CARD).is_file() and not force:
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        card = _build_into(preset_name, preset, steps, scratch)
-        if target.exists():
-            shutil.rmtree(target)
-        try:
-            os.replace(scratch, target)
-        except OSError:
-            if not (target / CARD).is_file():  # another process finished the same build first
-                raise
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    logger.info(
-        "built tiny:%s in %.1f s: %d parameters, greedy accuracy %.3f",
-        preset_name, card["build_seconds"], card["parameters"], card["initial_greedy_accuracy"],
-    )  # fmt: skip
+    built = build_once(
+        target,
+        lambda scratch: _build_into(preset_name, preset, steps, scratch),
+        complete=lambda folder: (folder / CARD).is_file(),
+        force=force,
+    )
+    if built:
+        card = read_card(target)
+        logger.info(
+            "built tiny:%s in %.1f s: %d parameters, greedy accuracy %.3f",
+            preset_name, card["build_seconds"], card["parameters"], card["initial_greedy_accuracy"],
+        )  # fmt: skip
     return target
 
 
