@@ -6,8 +6,7 @@ talks to it across a process boundary.
 
 - `engine_python`: the engine environment's interpreter, or a named error with the command that builds it;
 - `EngineServer`: one vLLM OpenAI-compatible server process, started, health-checked and stopped (also on
-  errors, Ctrl-C and interpreter exit); no TCP port: a Unix socket in a private (0700) directory, a per-run
-  API key;
+  errors, Ctrl-C, interpreter exit); a Unix socket in a private (0700) directory, no TCP port; a per-run key;
 - `VLLMEngine`: a `workbench.agents.generation.engine.RolloutEngine` for one agent, sampling through its
   server; ``sync`` writes the merged policy (`workbench.agents.forward.merged.write_policy`) and has the
   server reload it in place (vLLM's ``reload_weights``: no restart).
@@ -182,9 +181,12 @@ class EngineServer:
         ]  # fmt: skip
         if self.enforce_eager:
             command.append("--enforce-eager")
+        env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", VLLM_API_KEY=self._key)
         if self.gpu:
             command += ["--kv-cache-memory-bytes", str(self.kv_cache_bytes)]
-        env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", VLLM_API_KEY=self._key)
+        else:  # the model runs in the engine core process, not a third one: starts sooner (docs/engine.md)
+            command += ["--distributed-executor-backend", "uni"]
+            env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         env["VLLM_CPU_KVCACHE_SPACE"] = f"{self.kv_cache_bytes / 2**30:g}"  # GiB of KV cache on CPU
         if self.threads is not None:
             env["OMP_NUM_THREADS"] = str(self.threads)
@@ -318,6 +320,7 @@ class VLLMEngine:
         self._folders = [write_policy(self.agent, root / "a"), root / "b"]
         shutil.copytree(self._folders[0], self._folders[1], ignore=shutil.ignore_patterns("*.safetensors"))
         context = min(self.agent.max_positions or 2048, 2048)  # the KV cache is sized by it
+        cuda = self.agent.device.type == "cuda"
         self.server = EngineServer(
             self._folders[0],
             self.python,
@@ -326,10 +329,8 @@ class VLLMEngine:
             enforce_eager=self.enforce_eager,
             threads=self.threads,
             kv_cache_bytes=self.kv_cache_bytes,
-            gpu=self.agent.device.type == "cuda",
-            dtype="bfloat16"
-            if self.agent.device.type == "cuda"
-            else "float32",  # the trainer's compute dtype
+            gpu=cuda,
+            dtype="bfloat16" if cuda else "float32",  # the trainer's compute dtype
         ).start()
         return self
 
