@@ -9,6 +9,8 @@ BENCH_VENV ?= .venv-bench
 BENCH_STAMP := $(BENCH_VENV)/.bench-installed
 ENGINE_VENV ?= .venv-engine
 ENGINE_STAMP := $(ENGINE_VENV)/.engine-installed
+# pytest-xdist workers of make test (one torch thread each; 0 = one process); the engine's tests share one.
+TEST_WORKERS ?= 2
 
 # Two CPU cores: torch's default OpenMP spinning makes runs 10-15x slower next to any other process.
 export OMP_WAIT_POLICY ?= PASSIVE
@@ -46,7 +48,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
 # The tiny pairs' comparison behind docs/results.md: the state, size and model pairs under HACPO, GSPO, GSPO×2
 # and Naive, plus HACPO with byte-normalized ratios on the model pair, 3 seeds each (experiments/pairs/*.yaml),

@@ -17,13 +17,21 @@ TEST_WARM_STEPS = "40"
 # Set before any test module imports torch: 2 cores, and torch's OpenMP spinning slows everything 10-15x.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+if os.environ.get("PYTEST_XDIST_WORKER"):  # `pytest -n 2`: one thread per worker, the two share the cores
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session", autouse=True)
 def hacpo_cache(tmp_path_factory: pytest.TempPathFactory):
-    """A temporary ``HACPO_CACHE`` for the whole session, with short tiny-agent warm starts."""
+    """A temporary ``HACPO_CACHE`` for the whole session, with short tiny-agent warm starts; shared by the
+    workers of ``pytest -n`` (pytest-xdist), which build each model once between them
+    (`workbench.core.lock.build_once`)."""
     saved = {key: os.environ.get(key) for key in ("HACPO_CACHE", "HACPO_TINY_WARM_STEPS")}
-    path = tmp_path_factory.mktemp("hacpo-cache")
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # the workers' temporary folders share one parent
+        path = tmp_path_factory.getbasetemp().parent / "hacpo-cache"
+        path.mkdir(exist_ok=True)
+    else:
+        path = tmp_path_factory.mktemp("hacpo-cache")
     os.environ["HACPO_CACHE"] = str(path)
     os.environ["HACPO_TINY_WARM_STEPS"] = saved["HACPO_TINY_WARM_STEPS"] or TEST_WARM_STEPS
     yield path

@@ -42,6 +42,9 @@ def _perturb_lora(agent, scale: float, seed: int) -> None:
                 param.copy_(scale * torch.randn(param.shape, generator=generator))
 
 
+# One worker of `pytest -n` runs these tests, in order: one server at a time, the module's shared.
+pytestmark = pytest.mark.xdist_group("engine")
+
 PROMPTS = [f"What is {a} + {b} * {c}? Put the answer in \\boxed{{}}." for a, b, c in
            [(3, 4, 5), (7, 2, 9), (1, 8, 6), (9, 9, 2), (5, 0, 7), (2, 6, 3), (8, 1, 4), (6, 7, 1),
             (4, 3, 8), (0, 5, 5), (9, 2, 7), (3, 3, 3), (7, 8, 2), (1, 1, 9), (6, 4, 6), (2, 9, 1),
@@ -156,28 +159,6 @@ def test_engine_greedy_answers_equal_the_built_in_loop(engine, lora_smollm2):
 
 @pytest.mark.engine
 @pytest.mark.slow
-def test_a_4bit_agent_is_served_from_its_dequantized_base(engine_env, smollm2_dir):
-    agent = load_agent(
-        {
-            "model": str(smollm2_dir),
-            "name": "q4",
-            "quantization": "4bit",
-            "lora": {"r": 8},
-            "max_new_tokens": 40,
-        }
-    )
-    _perturb_lora(agent, 0.02, seed=0)
-    served = VLLMEngine(agent, engine_env, enforce_eager=True, threads=1).start()
-    try:
-        ours, theirs = _greedy(agent, PROMPTS[:10]), _greedy(served, PROMPTS[:10])
-    finally:
-        served.close()
-    same = sum(a.response_ids == b.response_ids for a, b in zip(ours, theirs))
-    assert same >= 9, [(a.text, b.text) for a, b in zip(ours, theirs) if a.text != b.text]
-
-
-@pytest.mark.engine
-@pytest.mark.slow
 def test_sync_makes_the_engine_sample_the_updated_policy(engine, lora_smollm2):
     before = _greedy(engine, PROMPTS[:8])
     saved = {k: v.clone() for k, v in lora_smollm2.model.named_parameters() if "lora_B" in k}
@@ -231,20 +212,43 @@ def test_the_engines_log_probs_of_its_samples_are_the_trainers_within_a_stated_b
 
 @pytest.mark.engine
 @pytest.mark.slow
-def test_a_killed_server_is_a_named_error_and_close_removes_everything(engine_env, lora_smollm2):
-    served = VLLMEngine(lora_smollm2, engine_env, enforce_eager=True, threads=1).start()
-    server = served.server
+def test_a_killed_server_is_a_named_error_and_close_removes_everything(engine):
+    """Kills the module's server, last of the tests that use it (a later `generate` would start a new one)."""
+    server = engine.server
     folder, pid = server.socket_path.parent, server.pid
     assert oct(folder.stat().st_mode & 0o777) == "0o700" and server.socket_path.is_socket()
     os.kill(pid, signal.SIGKILL)
     server._process.wait(timeout=60)
     with pytest.raises(EngineError, match="not running"):
-        served.generate(PROMPTS[:1], 1, temperature=0.0, top_p=1.0, max_new_tokens=8, author=0, seed=0)
-    served.close()
-    assert not folder.exists()
+        engine.generate(PROMPTS[:1], 1, temperature=0.0, top_p=1.0, max_new_tokens=8, author=0, seed=0)
+    policy = engine._folders[0].parent
+    engine.close()
+    assert not folder.exists() and not policy.exists() and engine.server is None
 
 
-def _real_pair_overrides(root):
+@pytest.mark.engine
+@pytest.mark.slow
+def test_a_4bit_agent_is_served_from_its_dequantized_base(engine_env, smollm2_dir):
+    agent = load_agent(
+        {
+            "model": str(smollm2_dir),
+            "name": "q4",
+            "quantization": "4bit",
+            "lora": {"r": 8},
+            "max_new_tokens": 40,
+        }
+    )
+    _perturb_lora(agent, 0.02, seed=0)
+    served = VLLMEngine(agent, engine_env, enforce_eager=True, threads=1).start()
+    try:
+        ours, theirs = _greedy(agent, PROMPTS[:10]), _greedy(served, PROMPTS[:10])
+    finally:
+        served.close()
+    same = sum(a.response_ids == b.response_ids for a, b in zip(ours, theirs))
+    assert same >= 9, [(a.text, b.text) for a, b in zip(ours, theirs) if a.text != b.text]
+
+
+def _engine_run_overrides(root):
     return [
         "train.engine=vllm",
         "train.engine_eager=true",
@@ -254,8 +258,44 @@ def _real_pair_overrides(root):
         "train.save_every=1",
         "task.eval_size=0",
         "executor=local",
+        "seeds=[0]",
         f"output.root={root}",
     ]
+
+
+def _servers(marker: str = "vllm.entrypoints", skip: frozenset[int] = frozenset()) -> list:
+    """This process's live vLLM server processes whose command line holds ``marker``."""
+    import psutil
+
+    found = []
+    for process in psutil.Process().children(recursive=True):
+        try:
+            if (
+                process.pid not in skip
+                and marker in " ".join(process.cmdline())
+                and process.status() != psutil.STATUS_ZOMBIE
+            ):
+                found.append(process)
+        except psutil.Error:  # a process that ended meanwhile
+            pass
+    return found
+
+
+@pytest.fixture
+def run_servers():
+    """The servers a test's runs start (servers of other tests, e.g. the module's `engine`, are not theirs),
+    and a check that none is left."""
+    servers = functools.partial(_servers, skip=frozenset(process.pid for process in _servers()))
+
+    def none_left() -> bool:
+        for _ in range(30):  # a loaded machine may take a moment to let the killed processes go
+            if not servers():
+                return True
+            time.sleep(2)
+        return False
+
+    servers.none_left = none_left
+    return servers
 
 
 @pytest.mark.engine
@@ -299,67 +339,54 @@ def test_a_server_stops_when_the_process_that_started_it_is_killed_outright(
 
 @pytest.mark.engine
 @pytest.mark.slow
-def test_a_hacpo_run_of_the_real_pair_samples_with_the_engine_and_resumes_after_a_killed_server(
-    engine_env, tmp_path
-):
-    """Two HACPO steps of the real pair with vLLM sampling; in a second run the SmolLM2 server is killed
-    after step 1: the next rollout is a named error, and the resumed run ends with the same weights."""
-    import psutil
+def test_a_hacpo_run_of_the_real_pair_samples_with_the_engine(tmp_path, engine_env, run_servers):
+    """Two HACPO steps of the real pair, both agents sampling with their own vLLM server."""
+    from workbench.core.env import PROJECT_ROOT
+    from workbench.train.run import train
 
+    run = train(PROJECT_ROOT / "experiments" / "real_pair.yaml", overrides=_engine_run_overrides(tmp_path))
+    assert (run / "DONE").exists()
+    assert run_servers.none_left(), run_servers()
+    logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    trained = [row for row in logged if row["step"] >= 1]
+    for name in ("smollm2", "gemma3"):  # the sampler/trainer gap of every agent, every step
+        gaps = [row[f"engine/{name}/logp_gap_mean"] for row in trained]
+        assert len(gaps) == len(trained) == 2 and all(0 <= g < 1 for g in gaps), (name, gaps)
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+def test_a_run_resumes_after_a_killed_server_with_the_weights_of_an_uninterrupted_run(
+    tmp_path, engine_env, run_servers
+):
+    """SmolLM2 alone (the real pair's first agent; one server a run keeps the drill short): its server is
+    killed after step 1, the next rollout is a named error, and the resumed run ends with the weights of an
+    uninterrupted run."""
     from workbench.core.env import PROJECT_ROOT
     from workbench.train.checkpoint import load_latest_checkpoint
     from workbench.train.run import train
 
-    def servers(marker: str = "vllm.entrypoints", skip: frozenset[int] = frozenset()) -> list[psutil.Process]:
-        found = []
-        for process in psutil.Process().children(recursive=True):
-            try:
-                if (
-                    process.pid not in skip
-                    and marker in " ".join(process.cmdline())
-                    and process.status() != psutil.STATUS_ZOMBIE
-                ):
-                    found.append(process)
-            except psutil.Error:  # a process that ended meanwhile
-                pass
-        return found
-
-    # servers of other tests (the module's `engine` fixture) may still run: they are not this test's
-    earlier = frozenset(process.pid for process in servers())
-    run_servers = functools.partial(servers, skip=earlier)
-
-    def no_servers_left() -> bool:
-        for _ in range(30):  # a loaded machine may take a moment to let the killed processes go
-            if not run_servers():
-                return True
-            time.sleep(2)
-        return False
-
-    yaml_path = PROJECT_ROOT / "experiments" / "real_pair.yaml"
-    straight = train(yaml_path, overrides=[*_real_pair_overrides(tmp_path / "straight"), "seeds=[0]"])
+    yaml_path = PROJECT_ROOT / "experiments" / "real_pair_calibration" / "smollm2_gspo.yaml"
+    straight = train(yaml_path, overrides=_engine_run_overrides(tmp_path / "straight"))
     assert (straight / "DONE").exists()
-    assert no_servers_left(), run_servers()
-    logged = [json.loads(line) for line in (straight / "metrics.jsonl").read_text().splitlines()]
-    trained = [row for row in logged if row["step"] >= 1]
-    for name in ("smollm2", "gemma3"):  # the sampler/trainer gap of every agent, every step
-        gaps = [row[f"engine/{name}/logp_gap_mean"] for row in trained]
-        assert len(gaps) == len(trained) and all(0 <= g < 1 for g in gaps), (name, gaps)
 
-    def kill_smollm2_server(metrics):
+    def kill_the_server(metrics):
         if metrics.get("step") == 1:
             for process in run_servers("hacpo-policy-smollm2"):
                 process.kill()
 
-    interrupted_root = tmp_path / "interrupted"
-    overrides = [*_real_pair_overrides(interrupted_root), "seeds=[0]"]
+    overrides = _engine_run_overrides(tmp_path / "interrupted")
     with pytest.raises(EngineError, match=r"vLLM server of .*smollm2"):  # "not running" or "did not answer"
-        train(yaml_path, overrides=overrides, on_step=kill_smollm2_server)
-    assert no_servers_left(), run_servers()
+        train(yaml_path, overrides=overrides, on_step=kill_the_server)
+    assert run_servers.none_left(), run_servers()
     resumed = train(yaml_path, overrides=overrides)
     assert (resumed / "DONE").exists()
+    assert run_servers.none_left(), run_servers()
     _, a = load_latest_checkpoint(straight)
     _, b = load_latest_checkpoint(resumed)
-    for key in [k for k in a if k.startswith("agent_")]:
+    agents = [k for k in a if k.startswith("agent_")]
+    assert agents and agents == [k for k in b if k.startswith("agent_")]
+    for key in agents:
         assert a[key].keys() == b[key].keys()
         for name in a[key]:
             assert torch.equal(a[key][name], b[key][name]), (key, name)
