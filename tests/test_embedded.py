@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import threading
+import time
 
 import pytest
 
 from workbench.agents.generation.rollout import generate
 from workbench.agents.models import shipped
 from workbench.agents.models.loading import load_agent
-from workbench.agents.models.shipped import EMBEDDED_MODELS, EmbeddedModelError, ensure_embedded, is_cached
+from workbench.agents.models.shipped import (
+    EMBEDDED_MODELS,
+    EmbeddedModelError,
+    build_once,
+    ensure_embedded,
+    is_cached,
+)
 from workbench.train.scoring import UpdateSettings, score_own
 
 
@@ -76,3 +84,36 @@ def test_smollm2_loads_offline_and_answers_a_chat_prompt(smollm2_dir, monkeypatc
     assert "Paris" in rollouts[0].text
     score_own(agent, rollouts, UpdateSettings(temperature=1.0))
     assert rollouts[0].old_logp_count == len(rollouts[0].response_ids) and rollouts[0].old_logp_sum < 0
+
+
+def test_build_once_builds_a_directory_once_when_processes_ask_at_the_same_time(tmp_path):
+    target, fills, built = tmp_path / "cache" / "model", [], []
+
+    def fill(scratch):
+        fills.append(scratch)
+        time.sleep(0.5)  # long enough for the other caller to find the build under way
+        (scratch / "weights").write_text("w")
+
+    def ask():
+        built.append(build_once(target, fill, complete=lambda folder: (folder / "weights").is_file()))
+
+    callers = [threading.Thread(target=ask) for _ in range(2)]
+    for caller in callers:
+        caller.start()
+    for caller in callers:
+        caller.join()
+    assert len(fills) == 1 and sorted(built) == [False, True]
+    assert (target / "weights").read_text() == "w"
+    assert sorted(p.name for p in target.parent.iterdir()) == [".model.lock", "model"]  # no scratch left
+
+
+def test_a_build_that_fails_leaves_neither_a_directory_nor_its_scratch(tmp_path):
+    target = tmp_path / "model"
+
+    def fill(scratch):
+        (scratch / "half").write_text("x")
+        raise RuntimeError("killed mid-build")
+
+    with pytest.raises(RuntimeError, match="killed mid-build"):
+        build_once(target, fill, complete=lambda folder: folder.is_dir())
+    assert not target.exists() and [p.name for p in tmp_path.iterdir()] == [".model.lock"]

@@ -15,8 +15,6 @@ import socket
 import subprocess
 import sys
 import textwrap
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -24,7 +22,7 @@ import torch
 
 from workbench.core import io as wio
 from workbench.core import storage
-from workbench.core.lock import DirectoryLock, RunLockedError, build_once, read_holder
+from workbench.core.lock import DirectoryLock, RunLockedError, read_holder
 from workbench.core.storage import (
     STORAGE_FAILURES,
     StorageError,
@@ -294,36 +292,3 @@ def test_holder_record_is_json(tmp_path):
     with DirectoryLock(tmp_path, "x.lock") as lock:
         record = json.loads(Path(lock.path).read_text())
     assert set(record) == {"pid", "host", "started", "command"}
-
-
-def test_build_once_builds_a_directory_once_when_processes_ask_at_the_same_time(tmp_path):
-    target, fills, built = tmp_path / "cache" / "model", [], []
-
-    def fill(scratch):
-        fills.append(scratch)
-        time.sleep(0.5)  # long enough for the other caller to find the build under way
-        (scratch / "weights").write_text("w")
-
-    def ask():
-        built.append(build_once(target, fill, complete=lambda folder: (folder / "weights").is_file()))
-
-    callers = [threading.Thread(target=ask) for _ in range(2)]
-    for caller in callers:
-        caller.start()
-    for caller in callers:
-        caller.join()
-    assert len(fills) == 1 and sorted(built) == [False, True]
-    assert (target / "weights").read_text() == "w"
-    assert sorted(p.name for p in target.parent.iterdir()) == [".model.lock", "model"]  # no scratch left
-
-
-def test_a_build_that_fails_leaves_neither_a_directory_nor_its_scratch(tmp_path):
-    target = tmp_path / "model"
-
-    def fill(scratch):
-        (scratch / "half").write_text("x")
-        raise RuntimeError("killed mid-build")
-
-    with pytest.raises(RuntimeError, match="killed mid-build"):
-        build_once(target, fill, complete=lambda folder: folder.is_dir())
-    assert not target.exists() and [p.name for p in tmp_path.iterdir()] == [".model.lock"]

@@ -9,25 +9,18 @@ the lock is held, and is emptied on a clean release. So:
 - a process that takes a lock whose record is still there knows the previous holder died without releasing it
   (a stale lock) and says so in a WARNING before it writes its own record.
 
-`build_once` is the waiting kind, for caches: the first process builds a directory, the others wait for it
-and then use it (two notebooks or test workers asking for one model convert it once).
-
 Standard library and filelock only.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import logging
 import os
-import shutil
 import socket
 import sys
-import tempfile
 import time
-from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
@@ -37,7 +30,7 @@ import filelock
 
 from workbench.core.storage import STORAGE_FAILURES, StorageError, as_storage_error
 
-__all__ = ["DirectoryLock", "RunLockedError", "build_once", "describe_holder", "read_holder"]
+__all__ = ["DirectoryLock", "RunLockedError", "describe_holder", "read_holder"]
 
 logger = logging.getLogger(__name__)
 
@@ -215,39 +208,3 @@ class DirectoryLock:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.release()
-
-
-def build_once(
-    target: Path, fill: Callable[[Path], object], *, complete: Callable[[Path], bool], force: bool = False
-) -> bool:
-    """Builds the directory ``target`` with ``fill(scratch)`` unless ``complete``, once across processes.
-
-    ``fill`` writes into a scratch sibling that is moved into place only when it returns, so a killed build
-    never leaves a directory that looks complete. A process that finds another building the same ``target``
-    waits for it (a lock file beside ``target``) and then uses its result.
-
-    Args:
-        target: The directory to build.
-        fill: Writes the directory's contents into the path it is given.
-        complete: Whether a directory holds a finished build.
-        force: Rebuild even when ``target`` is complete.
-
-    Returns:
-        Whether this call built ``target`` (False: it was complete already, or another process built it).
-    """
-    if complete(target) and not force:
-        return False
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with filelock.FileLock(target.parent / f".{target.name}.lock"):
-        if complete(target) and not force:  # built by the process this one waited for
-            return False
-        scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-        try:
-            fill(scratch)
-            if target.exists():
-                shutil.rmtree(target)
-            os.replace(scratch, target)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                shutil.rmtree(scratch)
-    return True

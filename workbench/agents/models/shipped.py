@@ -28,25 +28,33 @@ Together they are a real "heterogeneous model" pair (different architecture, siz
 use dequantizes the GGUF with transformers (≈25-40 s for SmolLM2, ≈2 min for Gemma) and caches the result as a
 safetensors model directory under ``$HACPO_CACHE/embedded/<name>`` (default ``~/.cache/hacpo-workbench``);
 later loads read that directory (≈0.2 s). A missing or incomplete cache directory is rebuilt automatically.
+
+Every cached model (embedded conversions, tiny presets, warm starts) is built by `build_once`: into a scratch
+folder moved into place when complete, by one process while others asking for it wait (two notebooks or test
+workers convert a model once).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib.util
 import json
 import logging
+import os
 import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import filelock
+
 from workbench.core.env import PROJECT_ROOT, cache_root
 from workbench.core.io import atomic_write_json
-from workbench.core.lock import build_once
 
 __all__ = ["MANIFEST", "ZOO_ROOT", "ShippedError", "manifest", "ship", "shipped_card", "shipped_dir"]
 
@@ -276,6 +284,42 @@ def _convert(entry: EmbeddedModel, name: str, out_dir: Path) -> None:
         "convert_seconds": round(time.perf_counter() - start, 1),
     }
     (out_dir / DONE_MARKER).write_text(json.dumps(info, indent=2))
+
+
+def build_once(
+    target: Path, fill: Callable[[Path], object], *, complete: Callable[[Path], bool], force: bool = False
+) -> bool:
+    """Builds the directory ``target`` with ``fill(scratch)`` unless ``complete``, once across processes.
+
+    ``fill`` writes into a scratch sibling that is moved into place only when it returns, so a killed build
+    never leaves a directory that looks complete. A process that finds another building the same ``target``
+    waits for it (a lock file beside ``target``) and then uses its result.
+
+    Args:
+        target: The directory to build.
+        fill: Writes the directory's contents into the path it is given.
+        complete: Whether a directory holds a finished build.
+        force: Rebuild even when ``target`` is complete.
+
+    Returns:
+        Whether this call built ``target`` (False: it was complete already, or another process built it).
+    """
+    if complete(target) and not force:
+        return False
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with filelock.FileLock(target.parent / f".{target.name}.lock"):
+        if complete(target) and not force:  # built by the process this one waited for
+            return False
+        scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        try:
+            fill(scratch)
+            if target.exists():
+                shutil.rmtree(target)
+            os.replace(scratch, target)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                shutil.rmtree(scratch)
+    return True
 
 
 def ensure_embedded(name: str, *, cache_dir: Path | str | None = None, force: bool = False) -> Path:

@@ -37,11 +37,10 @@ import torch
 from workbench.agents.forward.tokens import pack
 from workbench.agents.generation.rollout import generate
 from workbench.agents.models.hf import build_agent, lora_config
-from workbench.agents.models.shipped import ensure_embedded, ship, shipped_card, shipped_dir
+from workbench.agents.models.shipped import build_once, ensure_embedded, ship, shipped_card, shipped_dir
 from workbench.config.agent_spec import DEFAULT_PROMPT_TEMPLATE, AgentSpec, LoraSpec
 from workbench.core.env import cache_root
 from workbench.core.io import atomic_write_json
-from workbench.core.lock import build_once
 from workbench.core.machine import machine_info
 from workbench.tasks.arithmetic import embedded_task
 from workbench.tasks.prompts import build_prompt

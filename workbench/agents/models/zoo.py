@@ -40,13 +40,12 @@ from typing import Any
 import torch
 
 from workbench.agents.models.hf import build_agent
-from workbench.agents.models.shipped import ship, shipped_card, shipped_dir
+from workbench.agents.models.shipped import build_once, ship, shipped_card, shipped_dir
 from workbench.agents.models.tiny_tokenizers import build_tokenizer
 from workbench.agents.models.warm import greedy_accuracy, solution_pairs, supervised_steps
 from workbench.config.agent_spec import DEFAULT_PROMPT_TEMPLATE, AgentSpec
 from workbench.core.env import cache_root
 from workbench.core.io import atomic_write_json
-from workbench.core.lock import build_once
 from workbench.core.machine import machine_info
 from workbench.tasks.arithmetic import embedded_task
 
